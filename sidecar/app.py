@@ -1,0 +1,83 @@
+"""Application assembly: the proxy app, the admin app, and their shared state."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from sidecar.observe import Hooks, Metrics
+from sidecar.proxy import Proxy
+from sidecar.routing import RouteTable
+from sidecar.settings import Settings, resolve_routes
+from sidecar.upstream import create_session
+
+
+@dataclass(slots=True)
+class Lifecycle:
+    """Whether the proxy accepts traffic: read by ``/readyz``, set by the server."""
+
+    ready: bool = False
+    draining: bool = False
+
+
+PROXY = web.AppKey("proxy", Proxy)
+METRICS = web.AppKey("metrics", Metrics)
+LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+
+# How the proxy app must be served: a handler is cancelled when its agent goes away,
+# so no attempt or wait continues on behalf of nobody; access lines come from our hooks.
+SERVER_KWARGS = {"handler_cancellation": True, "access_log": None}
+
+
+def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
+    """The proxy app. Its upstream session lives exactly as long as the app runs."""
+    metrics = Metrics(registry if registry is not None else CollectorRegistry())
+    hooks = Hooks(metrics, access_log=settings.access_log)
+    routes = RouteTable(resolve_routes(settings))
+
+    app = web.Application()
+    app[METRICS] = metrics
+    app[LIFECYCLE] = Lifecycle()
+
+    async def upstream_session(app: web.Application) -> AsyncIterator[None]:
+        session = create_session(settings.upstream_max_connections)
+        app[PROXY] = Proxy(routes, session, hooks, max_request_bytes=settings.max_request_bytes)
+        yield
+        await session.close()
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        return await request.app[PROXY].handle(request)
+
+    app.cleanup_ctx.append(upstream_session)
+    app.router.add_route("*", "/{path:.*}", forward)
+    return app
+
+
+def create_admin_app(proxy_app: web.Application) -> web.Application:
+    """``/metrics``, ``/healthz`` and ``/readyz`` for the given proxy app."""
+    metrics = proxy_app[METRICS]
+    lifecycle = proxy_app[LIFECYCLE]
+
+    async def metrics_text(_: web.Request) -> web.Response:
+        response = web.Response(body=generate_latest(metrics.registry))
+        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+        return response
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(_: web.Request) -> web.Response:
+        if lifecycle.draining:
+            return web.json_response({"status": "draining"}, status=503)
+        if not lifecycle.ready:
+            return web.json_response({"status": "starting"}, status=503)
+        return web.json_response({"status": "ready"})
+
+    admin = web.Application()
+    admin.router.add_get("/metrics", metrics_text)
+    admin.router.add_get("/healthz", healthz)
+    admin.router.add_get("/readyz", readyz)
+    return admin

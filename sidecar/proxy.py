@@ -1,0 +1,203 @@
+"""The aiohttp handler: the agent's request in, the tool's answer (or ours) out."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from sidecar import errors
+from sidecar.observe import UNMATCHED_ROUTE, Hooks
+from sidecar.routing import RouteTable
+from sidecar.upstream import (
+    Answer,
+    UpstreamRequest,
+    end_to_end_headers,
+    exchange,
+    undeliverable_header,
+    upstream_request_headers,
+)
+
+# Answers at most this large are read whole so the status and envelope can be judged;
+# anything larger is streamed to the agent as it arrives.
+INSPECT_LIMIT_BYTES = 256 * 1024
+_STREAM_CHUNK_BYTES = 64 * 1024
+
+_log = structlog.get_logger("sidecar")
+
+
+@dataclass(slots=True)
+class _StreamedBody:
+    """A request body too large to buffer, passed on as it arrives (never replayed)."""
+
+    head: bytes
+    request: web.BaseRequest
+    hard_limit: int
+    exceeded: bool = False
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        sent = len(self.head)
+        yield self.head
+        async for chunk in self.request.content.iter_chunked(_STREAM_CHUNK_BYTES):
+            sent += len(chunk)
+            if self.hard_limit and sent > self.hard_limit:
+                self.exceeded = True
+                raise errors.RequestTooLarge
+            yield chunk
+
+
+class Proxy:
+    """Forwards every method and path to the route's upstream."""
+
+    def __init__(
+        self,
+        routes: RouteTable,
+        session: aiohttp.ClientSession,
+        hooks: Hooks,
+        *,
+        max_request_bytes: int,
+    ) -> None:
+        self._routes = routes
+        self._session = session
+        self._hooks = hooks
+        self._max_request_bytes = max_request_bytes
+
+    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        started = time.monotonic()
+        request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+        target = self._routes.match(request.raw_path)
+        if target is None:
+            with structlog.contextvars.bound_contextvars(request_id=request_id):
+                self._hooks.request_finished(
+                    UNMATCHED_ROUTE, request.method, "not-retryable", 404, 0, 0.0, matched=False
+                )
+            return errors.error_response(
+                errors.NO_ROUTE, "no route matches this path", {"path": request.path}
+            )
+        route = target.route
+        with structlog.contextvars.bound_contextvars(
+            request_id=request_id, route=route.name, method=request.method
+        ):
+            self._hooks.request_received(route.name, request.method)
+            status, outcome, attempts = 0, "not-retryable", 0
+            try:
+                bad_header = undeliverable_header(request.headers)
+                if bad_header is not None:
+                    status = 400
+                    raise web.HTTPBadRequest(text=f"header {bad_header} is not valid UTF-8")
+                body = await self._read_request_body(request, route.tuning.max_body_bytes)
+                if body is None:
+                    response = self._too_large()
+                    status = response.status
+                    return response
+                upstream_request = UpstreamRequest(
+                    method=request.method,
+                    url=target.url,
+                    headers=upstream_request_headers(
+                        request.headers,
+                        client_address=request.remote,
+                        scheme=request.scheme,
+                        request_id=request_id,
+                    ),
+                    body=body.chunks() if isinstance(body, _StreamedBody) else body,
+                )
+                attempts = 1
+                attempt_started = time.monotonic()
+                answer = await exchange(
+                    self._session,
+                    upstream_request,
+                    min(route.tuning.per_try_timeout_ms, route.tuning.request_timeout_ms) / 1000,
+                    INSPECT_LIMIT_BYTES,
+                )
+                elapsed = time.monotonic() - attempt_started
+                if isinstance(answer, errors.AttemptError):
+                    self._hooks.attempt_finished(route.name, 1, answer.value, elapsed)
+                    if isinstance(body, _StreamedBody) and body.exceeded:
+                        response = self._too_large()
+                    else:
+                        outcome = (
+                            "unreachable" if answer is errors.AttemptError.CONNECT else "exhausted"
+                        )
+                        response = errors.attempt_error_response(answer)
+                    status = response.status
+                    return response
+                self._hooks.attempt_finished(route.name, 1, answer.status, elapsed)
+                outcome, status = "ok", answer.status
+                return await relay(request, answer, {})
+            finally:
+                self._hooks.request_finished(
+                    route.name,
+                    request.method,
+                    outcome,
+                    status,
+                    attempts,
+                    time.monotonic() - started,
+                )
+
+    def _too_large(self) -> web.Response:
+        return errors.error_response(
+            errors.REQUEST_TOO_LARGE,
+            "request body is larger than the sidecar accepts",
+            {"limit_bytes": self._max_request_bytes},
+        )
+
+    async def _read_request_body(
+        self, request: web.BaseRequest, buffer_limit: int
+    ) -> bytes | _StreamedBody | None:
+        """The body buffered when it fits ``buffer_limit``, else a stream; None if too large."""
+        declared = request.content_length
+        if declared is not None and self._max_request_bytes and declared > self._max_request_bytes:
+            return None
+        if not request.body_exists:
+            return b""
+        if declared is not None and declared <= buffer_limit:
+            return await request.content.readexactly(declared)
+        head = bytearray()
+        while len(head) <= buffer_limit:
+            chunk = await request.content.readany()
+            if not chunk:
+                return bytes(head)
+            head.extend(chunk)
+        if self._max_request_bytes and len(head) > self._max_request_bytes:
+            return None
+        return _StreamedBody(bytes(head), request, self._max_request_bytes)
+
+
+async def relay(
+    request: web.BaseRequest, answer: Answer, extra_headers: Mapping[str, str]
+) -> web.StreamResponse:
+    """The tool's status, headers and body bytes as they came, plus ``extra_headers``.
+
+    A body read whole goes out with its length; the rest streams chunk by chunk. If the
+    tool breaks off mid-stream the agent's connection is closed too, so a cut body can
+    never pass for a whole one.
+    """
+    headers = end_to_end_headers(answer.response.headers)
+    headers.update(extra_headers)
+    response = web.StreamResponse(
+        status=answer.status, reason=answer.response.reason, headers=headers
+    )
+    if answer.complete:
+        response.content_length = len(answer.body)
+    try:
+        await response.prepare(request)
+        if answer.body:
+            await response.write(answer.body)
+        if not answer.complete:
+            async for chunk in answer.response.content.iter_any():
+                await response.write(chunk)
+        await response.write_eof()
+    except ConnectionResetError:
+        _log.debug("client_disconnected", status=answer.status)
+    except (aiohttp.ClientError, OSError) as exc:
+        _log.warning("upstream_stream_broken", status=answer.status, reason=type(exc).__name__)
+        if request.transport is not None:
+            request.transport.close()
+    finally:
+        answer.discard()
+    return response

@@ -1,0 +1,54 @@
+"""Which route a request belongs to, and the exact upstream target it is sent to."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from yarl import URL
+
+from sidecar.settings import RouteConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A matched route and the upstream URL, path and query kept byte for byte."""
+
+    route: RouteConfig
+    url: URL
+
+
+class RouteTable:
+    """Longest-prefix match on whole path segments: ``/weather`` never matches ``/weatherman``."""
+
+    def __init__(self, routes: Iterable[RouteConfig]) -> None:
+        self._routes = sorted(routes, key=lambda route: len(route.prefix), reverse=True)
+        self._origins = {
+            route.name: (str(route.upstream.origin()), route.upstream.raw_path.rstrip("/"))
+            for route in self._routes
+        }
+
+    @property
+    def routes(self) -> list[RouteConfig]:
+        return list(self._routes)
+
+    def match(self, raw_target: str) -> Target | None:
+        """The route for a raw request target (path and query as the agent sent them).
+
+        Only origin-form targets (``/path?query``) are routed; an absolute-form or
+        asterisk-form target matches nothing, so a request can never choose its upstream.
+        """
+        if not raw_target.startswith("/"):
+            return None
+        path, question, query = raw_target.partition("?")
+        for route in self._routes:
+            prefix = route.prefix
+            if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
+                return Target(route, self._upstream_url(route, path, question + query))
+        return None
+
+    def _upstream_url(self, route: RouteConfig, path: str, query: str) -> URL:
+        origin, base_path = self._origins[route.name]
+        if route.strip_prefix and route.prefix != "/":
+            path = path[len(route.prefix) :] or "/"
+        return URL(origin + base_path + path + query, encoded=True)

@@ -1,0 +1,113 @@
+"""Real servers on 127.0.0.1: scripted tools upstream, the sidecar in between."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+from yarl import URL
+
+from sidecar.app import SERVER_KWARGS, create_app
+from sidecar.settings import load_settings
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class Seen:
+    """What the tool received: one entry per request."""
+
+    method: str
+    raw_path: str
+    headers: Any
+    body: bytes
+    peer: tuple[str, int]
+
+
+@dataclass
+class Tool:
+    server: TestServer
+    seen: list[Seen] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("/"))
+
+
+@dataclass
+class Sidecar:
+    client: TestClient
+    registry: CollectorRegistry
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests configure the sidecar explicitly; the developer's shell must not leak in."""
+    for name in list(os.environ):
+        if name.startswith(("SIDECAR_", "GOMIND_AGENT_", "OPENAI_")):
+            monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def make_tool(aiohttp_server: Any) -> Callable[..., Awaitable[Tool]]:
+    """A tool whose every request is recorded and then answered by ``handler``."""
+
+    async def make(handler: Handler, **server_kwargs: Any) -> Tool:
+        tool: Tool
+
+        async def recording(request: web.Request) -> web.StreamResponse:
+            tool.seen.append(
+                Seen(
+                    request.method,
+                    request.raw_path,
+                    request.headers,
+                    await request.read(),
+                    request.transport.get_extra_info("peername"),
+                )
+            )
+            return await handler(request)
+
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_route("*", "/{path:.*}", recording)
+        tool = Tool(await aiohttp_server(app, **server_kwargs))
+        return tool
+
+    return make
+
+
+@pytest.fixture
+def make_sidecar(aiohttp_client: Any) -> Callable[..., Awaitable[Sidecar]]:
+    """A sidecar app served on loopback, configured from keyword settings."""
+
+    async def make(upstream: str | Tool | None = None, **settings: Any) -> Sidecar:
+        if isinstance(upstream, Tool):
+            upstream = upstream.url
+        registry = CollectorRegistry()
+        app = create_app(load_settings(upstream_url=upstream, **settings), registry=registry)
+        client = await aiohttp_client(app, server_kwargs=SERVER_KWARGS, auto_decompress=False)
+        return Sidecar(client, registry)
+
+    return make
+
+
+def unused_port() -> int:
+    """A loopback port with nothing listening on it."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def base_url(url: str | URL) -> str:
+    return str(URL(str(url)).origin())

@@ -1,0 +1,97 @@
+"""The admin endpoints, and requests no proxy should choke on."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from sidecar.app import create_admin_app
+
+
+async def ok(request: web.Request) -> web.Response:
+    return web.json_response({"success": True, "seen": dict(request.headers)})
+
+
+async def test_metrics_and_health_endpoints(make_tool, make_sidecar, aiohttp_client):
+    sidecar = await make_sidecar(await make_tool(ok))
+    admin = await aiohttp_client(create_admin_app(sidecar.client.server.app))
+    await (await sidecar.client.get("/a")).read()
+
+    metrics = await admin.get("/metrics")
+    text = await metrics.text()
+    health = await admin.get("/healthz")
+    ready = await admin.get("/readyz")
+
+    assert metrics.headers["Content-Type"].startswith("text/plain; version=")
+    assert 'sidecar_build_info{version="' in text
+    assert 'sidecar_requests_total{method="GET",outcome="ok",route="default"} 1.0' in text
+    assert 'sidecar_upstream_attempts_total{route="default",status="200"} 1.0' in text
+    assert 'sidecar_in_flight_requests{route="default"} 0.0' in text
+    assert "sidecar_request_duration_seconds_bucket" in text
+    assert "sidecar_upstream_duration_seconds_bucket" in text
+    assert "_created" not in text
+    assert health.status == 200
+    assert ready.status == 503, "not ready until the server has bound its port"
+
+
+async def raw_exchange(port: int, request: bytes) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(65536), timeout=5)
+    finally:
+        writer.close()
+
+
+async def test_malformed_request_line_gets_400(make_tool, make_sidecar):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    answer = await raw_exchange(sidecar.client.port, b"GARBAGE\x00 / HTTP/9\r\n\r\n")
+
+    assert answer.split(b" ", 2)[1] == b"400"
+    assert tool.seen == []
+
+
+async def test_absolute_form_target_cannot_choose_the_upstream(make_tool, make_sidecar):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    answer = await raw_exchange(
+        sidecar.client.port,
+        b"GET http://169.254.169.254/latest HTTP/1.1\r\nHost: 169.254.169.254\r\n\r\n",
+    )
+
+    assert answer.startswith(b"HTTP/1.1 404")
+    assert b"NO_ROUTE" in answer
+    assert tool.seen == []
+
+
+async def test_non_utf8_header_values_are_refused_rather_than_silently_changed(
+    make_tool, make_sidecar
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    answer = await raw_exchange(
+        sidecar.client.port,
+        b"GET /x HTTP/1.1\r\nHost: a\r\nX-Latin: caf\xe9\r\nConnection: close\r\n\r\n",
+    )
+
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request")
+    assert answer.endswith(b"header X-Latin is not valid UTF-8")
+    assert tool.seen == []
+
+
+async def test_utf8_header_values_pass_through(make_tool, make_sidecar):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    await raw_exchange(
+        sidecar.client.port,
+        "GET /x HTTP/1.1\r\nHost: a\r\nX-City: Zürich\r\nConnection: close\r\n\r\n".encode(),
+    )
+
+    assert tool.seen[0].headers["X-City"] == "Zürich"

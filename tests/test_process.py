@@ -1,0 +1,151 @@
+"""The sidecar as a process: command line, JSON logs, readiness and a graceful drain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from sidecar import __version__
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecar", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**_clean_env(), **(env or {})},
+    )
+
+
+def _clean_env() -> dict[str, str]:
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("SIDECAR_", "GOMIND_AGENT_", "OPENAI_"))
+    }
+
+
+def test_version():
+    result = run_cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"tool-retry-sidecar {__version__}"
+
+
+def test_check_config_prints_the_effective_configuration_with_secrets_masked():
+    result = run_cli(
+        "check-config",
+        "--upstream",
+        "http://agent:hunter2@127.0.0.1:8080",
+        env={"SIDECAR_LLM_API_KEY": "sk-very-secret", "SIDECAR_MAX_RETRIES": "4"},
+    )
+
+    assert result.returncode == 0, result.stderr
+    shown = json.loads(result.stdout)
+    assert shown["max_retries"] == 4
+    assert shown["llm_api_key"] == "***"
+    assert shown["routes"][0]["name"] == "default"
+    assert "sk-very-secret" not in result.stdout
+    assert "hunter2" not in result.stdout
+
+
+def test_bad_configuration_fails_with_one_line_and_exit_2():
+    for command in ("check-config", "serve"):
+        result = run_cli(command, env={"SIDECAR_UPSTREAM_URL": "http://x", "SIDECAR_PORT": "-1"})
+        assert result.returncode == 2
+        assert result.stdout == ""
+        assert result.stderr.strip().splitlines() == [
+            "configuration error: port (SIDECAR_PORT): Input should be greater than or equal to 0"
+        ]
+
+
+class RunningSidecar:
+    def __init__(self, process: asyncio.subprocess.Process, started: dict[str, Any]) -> None:
+        self.process = process
+        self.proxy = f"http://127.0.0.1:{started['proxy_port']}"
+        self.admin = f"http://127.0.0.1:{started['admin_port']}"
+        self.lines: list[str] = []
+
+    async def read_lines_until_exit(self) -> int:
+        assert self.process.stdout is not None
+        async for line in self.process.stdout:
+            self.lines.append(line.decode())
+        return await self.process.wait()
+
+
+async def start_sidecar(upstream: str, *extra_env: tuple[str, str]) -> RunningSidecar:
+    env = {**_clean_env(), "SIDECAR_HOST": "127.0.0.1", **dict(extra_env)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar",
+        "serve",
+        "--upstream",
+        upstream,
+        "--port",
+        "0",
+        "--admin-port",
+        "0",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    first = await asyncio.wait_for(process.stdout.readline(), timeout=20)
+    started = json.loads(first)
+    assert started["event"] == "sidecar_started"
+    running = RunningSidecar(process, started)
+    running.lines.append(first.decode())
+    return running
+
+
+async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server):
+    reached_tool = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        reached_tool.set()
+        await asyncio.sleep(1.0)
+        return web.json_response({"success": True})
+
+    app = web.Application()
+    app.router.add_post("/slow", slow)
+    tool = await aiohttp_server(app)
+    sidecar = await start_sidecar(str(tool.make_url("/")))
+    exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
+    try:
+        async with aiohttp.ClientSession() as agent:
+            async with agent.get(f"{sidecar.admin}/readyz") as ready:
+                assert ready.status == 200
+            in_flight = asyncio.create_task(agent.post(f"{sidecar.proxy}/slow", json={}))
+            await asyncio.wait_for(reached_tool.wait(), timeout=5)
+
+            sidecar.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            async with agent.get(f"{sidecar.admin}/readyz") as draining:
+                assert draining.status == 503
+            async with aiohttp.ClientSession() as newcomer:
+                with pytest.raises(aiohttp.ClientConnectionError):
+                    await newcomer.get(f"{sidecar.proxy}/slow")
+
+            response = await asyncio.wait_for(in_flight, timeout=5)
+            assert response.status == 200
+            assert await response.json() == {"success": True}
+
+        assert await asyncio.wait_for(exit_code, timeout=10) == 0
+    finally:
+        if sidecar.process.returncode is None:
+            sidecar.process.kill()
+            await sidecar.process.wait()
+
+    events = [json.loads(line)["event"] for line in sidecar.lines]
+    assert events[0] == "sidecar_started"
+    assert events[-2:] == ["shutdown_started", "sidecar_stopped"]
+    assert all(line.startswith("{") for line in sidecar.lines)

@@ -1,0 +1,195 @@
+"""Configuration: the contract's names and defaults, precedence, and one-line errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sidecar.settings import ConfigError, load_settings, masked, resolve_routes
+
+UPSTREAM = "http://127.0.0.1:8080"
+
+
+def test_defaults_are_the_contracts():
+    settings = load_settings(upstream_url=UPSTREAM)
+
+    assert (settings.host, settings.port, settings.admin_port) == ("0.0.0.0", 8090, 9464)
+    assert settings.max_retries == 3
+    assert (settings.backoff_base_ms, settings.backoff_max_ms) == (1000, 10000)
+    assert settings.backoff_multiplier == 2.0
+    assert settings.backoff_jitter == "full"
+    assert settings.max_retry_after_ms == 60000
+    assert (settings.per_try_timeout_ms, settings.request_timeout_ms) == (30000, 120000)
+    assert settings.retry_on_status == {500, 502, 503, 504}
+    assert settings.upstream_max_connections == 1000
+    assert settings.max_body_bytes == 10485760
+    assert (settings.retry_budget_ratio, settings.retry_budget_min_per_s) == (0.2, 10)
+    assert (settings.circuit_failures, settings.circuit_open_ms) == (5, 30000)
+    assert settings.idempotency_header == "Idempotency-Key"
+    assert settings.repair == "auto"
+    assert settings.llm_model == "gpt-4o-mini"
+    assert (settings.llm_timeout_ms, settings.llm_max_repairs) == (10000, 2)
+    assert settings.llm_max_concurrency == 4
+    assert (settings.log_level, settings.log_format) == ("info", "json")
+    [route] = resolve_routes(settings)
+    assert (route.name, route.prefix, str(route.upstream)) == ("default", "/", UPSTREAM + "/")
+
+
+def test_environment_sets_every_field(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SIDECAR_UPSTREAM_URL", UPSTREAM)
+    monkeypatch.setenv("SIDECAR_MAX_RETRIES", "5")
+    monkeypatch.setenv("SIDECAR_RETRY_ON_STATUS", "502, 503")
+    monkeypatch.setenv("SIDECAR_BACKOFF_JITTER", "Decorrelated")
+    monkeypatch.setenv("SIDECAR_LOG_LEVEL", "DEBUG")
+    monkeypatch.setenv("SIDECAR_ACCESS_LOG", "true")
+
+    settings = load_settings()
+
+    assert settings.max_retries == 5
+    assert settings.retry_on_status == {502, 503}
+    assert settings.backoff_jitter == "decorrelated"
+    assert settings.log_level == "debug"
+    assert settings.access_log is True
+
+
+def test_file_then_environment_then_flags_and_route_values_win_for_their_route(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(
+        """
+max_retries: 7
+backoff_base_ms: 200
+retry_on_status: [502, 503]
+routes:
+  - name: weather
+    prefix: /weather/
+    upstream: http://weather-tool:8080
+    strip_prefix: true
+    schema: ./openapi.json
+    max_retries: 1
+  - name: search
+    prefix: /search
+    upstream: http://search-tool:8080
+"""
+    )
+    monkeypatch.setenv("SIDECAR_CONFIG_FILE", str(config))
+    monkeypatch.setenv("SIDECAR_BACKOFF_BASE_MS", "300")
+
+    settings = load_settings(port=9999)
+    weather, search = resolve_routes(settings)
+
+    assert settings.port == 9999
+    assert settings.backoff_base_ms == 300  # env over file
+    assert settings.retry_on_status == {502, 503}
+    assert (weather.prefix, weather.strip_prefix, weather.schema_source) == (
+        "/weather",
+        True,
+        "./openapi.json",
+    )
+    assert weather.tuning.max_retries == 1
+    assert weather.tuning.backoff_base_ms == 300
+    assert search.tuning.max_retries == 7
+
+
+def test_gomind_names_are_aliases_below_sidecar_names(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("GOMIND_AGENT_MAX_RETRIES", "6")
+    monkeypatch.setenv("GOMIND_AGENT_RETRY_BACKOFF_MS", "250")
+    monkeypatch.setenv("GOMIND_AGENT_USE_AI_CORRECTION", "false")
+
+    aliased = load_settings(upstream_url=UPSTREAM)
+    assert (aliased.max_retries, aliased.backoff_base_ms, aliased.repair) == (
+        6,
+        250,
+        "deterministic",
+    )
+
+    monkeypatch.setenv("SIDECAR_MAX_RETRIES", "2")
+    assert load_settings(upstream_url=UPSTREAM).max_retries == 2
+
+
+def test_openai_variables_configure_the_llm(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:1/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-from-openai-var")
+
+    settings = load_settings(upstream_url=UPSTREAM)
+
+    assert str(settings.llm_base_url) == "http://127.0.0.1:1/v1"
+    assert settings.llm_api_key is not None
+    assert settings.llm_api_key.get_secret_value() == "sk-from-openai-var"
+
+
+@pytest.mark.parametrize(
+    ("env", "file", "expected"),
+    [
+        ({"SIDECAR_MAX_RETRIES": "-1"}, None, "max_retries (SIDECAR_MAX_RETRIES): "),
+        ({"SIDECAR_BACKOFF_JITTER": "sometimes"}, None, "backoff_jitter (SIDECAR_BACKOFF_JITTER)"),
+        ({"SIDECAR_RETRY_ON_STATUS": "503,abc"}, None, "retry_on_status"),
+        ({"SIDECAR_RETRY_ON_STATUS": "503,700"}, None, "700 is not an HTTP status code"),
+        ({"SIDECAR_UPSTREAM_URL": "ftp://tool"}, None, "upstream_url (SIDECAR_UPSTREAM_URL)"),
+        ({"SIDECAR_UPSTREAM_URL": ""}, None, "no upstream"),
+        (
+            {},
+            "routes: [{name: a, upstream: 'http://a'}, {name: a, upstream: 'http://b', prefix: /b}]",  # noqa: E501
+            "route names must be unique",
+        ),
+        (
+            {},
+            "routes: [{name: a, upstream: 'http://a', max_retries: lots}]",
+            "routes[0] (a).max_retries",
+        ),
+        (
+            {},
+            "routes: [{name: a, upstream: 'http://a', prefix: nope}]",
+            "routes.0.prefix: must start with '/'",
+        ),
+        (
+            {},
+            "routes: [{name: a, upstream: 'http://a', colour: red}]",
+            "routes.0.colour: Extra inputs",
+        ),
+        ({}, "max_retrys: 3\nupstream_url: http://a", "max_retrys"),
+        ({}, "- just\n- a list", "must hold a mapping"),
+        ({}, "key: [unclosed", "is not valid YAML at line"),
+    ],
+)
+def test_bad_configuration_is_one_line_naming_the_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: dict, file: str | None, expected: str
+):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    if "SIDECAR_UPSTREAM_URL" not in env and file is None:
+        monkeypatch.setenv("SIDECAR_UPSTREAM_URL", UPSTREAM)
+    if file is not None:
+        (tmp_path / "c.yaml").write_text(file)
+        monkeypatch.setenv("SIDECAR_CONFIG_FILE", str(tmp_path / "c.yaml"))
+
+    with pytest.raises(ConfigError) as raised:
+        load_settings()
+
+    message = str(raised.value)
+    assert message.startswith("configuration error") or message.startswith("config_file:")
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_missing_config_file_is_named():
+    with pytest.raises(ConfigError, match=r"config_file: cannot read /nonexistent.yaml"):
+        load_settings(config_file="/nonexistent.yaml")
+
+
+def test_errors_and_masked_output_never_show_secrets(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SIDECAR_LLM_BASE_URL", "not-a-url-sk-secret-in-url")
+    with pytest.raises(ConfigError) as raised:
+        load_settings(upstream_url=UPSTREAM)
+    assert "sk-secret" not in str(raised.value)
+
+    monkeypatch.setenv("SIDECAR_LLM_BASE_URL", "http://llm.local/v1?key=sk-query-secret")
+    monkeypatch.setenv("SIDECAR_LLM_API_KEY", "sk-api-secret")
+    settings = load_settings(upstream_url="http://user:pa55word@tool.local:8080/base?token=t0k")
+    shown = repr(masked(settings))
+
+    for secret in ("sk-query-secret", "sk-api-secret", "pa55word", "t0k"):
+        assert secret not in shown
+    assert "tool.local:8080/base" in shown

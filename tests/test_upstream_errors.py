@@ -1,0 +1,170 @@
+"""When no upstream answer exists the agent gets a contract envelope, never a traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+
+from tests.conftest import unused_port
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def raw_tool(handler: RawHandler) -> AsyncIterator[str]:
+    """A TCP server on loopback that speaks whatever bytes ``handler`` writes."""
+
+    async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(guarded, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def read_head(reader: asyncio.StreamReader) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+
+
+def envelope_of(body: bytes) -> dict:
+    envelope = orjson.loads(body)
+    assert envelope["success"] is False
+    assert envelope["error"]["details"]["source"] == "sidecar"
+    assert all(isinstance(value, str) for value in envelope["error"]["details"].values())
+    return envelope["error"]
+
+
+async def test_unreachable_upstream_gets_503_upstream_unreachable(make_sidecar):
+    sidecar = await make_sidecar(f"http://127.0.0.1:{unused_port()}")
+
+    response = await sidecar.client.post("/tool", json={"q": 1})
+
+    assert response.status == 503
+    error = envelope_of(await response.read())
+    assert error["code"] == "UPSTREAM_UNREACHABLE"
+    assert error["category"] == "SERVICE_ERROR"
+    assert error["retryable"] is True
+    assert sidecar.metric("sidecar_upstream_attempts_total", route="default", status="error") >= 1
+
+
+async def test_upstream_slower_than_the_per_try_timeout_gets_504(make_tool, make_sidecar):
+    async def slow(request: web.Request) -> web.Response:
+        await asyncio.sleep(5)
+        return web.json_response({})
+
+    sidecar = await make_sidecar(await make_tool(slow), per_try_timeout_ms=100, max_retries=0)
+
+    response = await sidecar.client.get("/")
+
+    assert response.status == 504
+    assert envelope_of(await response.read())["code"] == "UPSTREAM_TIMEOUT"
+
+
+async def test_upstream_that_sends_headers_then_stalls_gets_504(make_sidecar):
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(
+            b"HTTP/1.1 500 Oops\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{"
+        )
+        await writer.drain()
+        await asyncio.sleep(5)
+
+    async with raw_tool(stall) as url:
+        sidecar = await make_sidecar(url, per_try_timeout_ms=200, max_retries=0)
+        response = await sidecar.client.get("/")
+
+    assert response.status == 504
+    assert envelope_of(await response.read())["code"] == "UPSTREAM_TIMEOUT"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"",  # closed before any answer
+        b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a"',
+        b"HTTP/1.1 503 Busy\r\nContent-Type: application/json\r\n"
+        b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"a":',
+        b"NOT HTTP AT ALL\r\n\r\n",
+    ],
+    ids=["closed", "short-content-length", "truncated-chunked", "garbage"],
+)
+async def test_upstream_that_breaks_before_the_answer_is_whole_gets_502(make_sidecar, reply):
+    async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(reply)
+        await writer.drain()
+
+    async with raw_tool(broken) as url:
+        sidecar = await make_sidecar(url, max_retries=0)
+        response = await sidecar.client.get("/")
+
+    assert response.status == 502
+    error = envelope_of(await response.read())
+    assert error["code"] == "UPSTREAM_RESET"
+    assert error["details"]["reason"] == "reset"
+
+
+async def test_streamed_answer_cut_by_the_tool_is_cut_for_the_agent_too(make_sidecar):
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_head(reader)
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n"
+        )
+        await writer.drain()
+        await asyncio.sleep(0.1)
+
+    async with raw_tool(cut) as url:
+        sidecar = await make_sidecar(url)
+        response = await sidecar.client.get("/file")
+        assert response.status == 200
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
+
+
+async def test_declared_body_over_the_hard_limit_gets_413_without_reaching_the_tool(
+    make_tool, make_sidecar
+):
+    tool = await make_tool(lambda request: web.json_response({}))
+    sidecar = await make_sidecar(tool, max_body_bytes=1024, max_request_bytes=4096)
+
+    response = await sidecar.client.post("/", data=os.urandom(8192))
+
+    assert response.status == 413
+    error = envelope_of(await response.read())
+    assert error["code"] == "REQUEST_TOO_LARGE"
+    assert error["category"] == "INPUT_ERROR"
+    assert tool.seen == []
+
+
+async def test_chunked_body_growing_past_the_hard_limit_gets_413(make_tool, make_sidecar):
+    async def drain(request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    tool = await make_tool(drain)
+    sidecar = await make_sidecar(tool, max_body_bytes=1024, max_request_bytes=4096)
+
+    async def chunks():
+        for _ in range(16):
+            yield os.urandom(1024)
+            await asyncio.sleep(0.01)
+
+    response = await sidecar.client.post("/", data=chunks())
+
+    assert response.status == 413
+    assert envelope_of(await response.read())["code"] == "REQUEST_TOO_LARGE"
+    assert all(len(seen.body) <= 4096 for seen in tool.seen)
