@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from sidecar.engine import Clock, Engine, Sleep
 from sidecar.observe import Hooks, Metrics
 from sidecar.proxy import Proxy
 from sidecar.routing import RouteTable
@@ -31,12 +34,27 @@ LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 # so no attempt or wait continues on behalf of nobody; access lines come from our hooks.
 SERVER_KWARGS = {"handler_cancellation": True, "access_log": None}
 
+# Answers at most this large are read whole so the status and envelope can be judged;
+# anything larger is streamed to the agent as it arrives.
+INSPECT_LIMIT_BYTES = 256 * 1024
 
-def create_app(settings: Settings, *, registry: CollectorRegistry | None = None) -> web.Application:
-    """The proxy app. Its upstream session lives exactly as long as the app runs."""
+
+def create_app(
+    settings: Settings,
+    *,
+    registry: CollectorRegistry | None = None,
+    sleep: Sleep = asyncio.sleep,
+    clock: Clock = time.monotonic,
+) -> web.Application:
+    """The proxy app. Its upstream session lives exactly as long as the app runs.
+
+    ``sleep`` and ``clock`` drive every wait, deadline, budget and circuit: tests pass
+    their own to control time without changing behaviour.
+    """
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
     hooks = Hooks(metrics, access_log=settings.access_log)
-    routes = RouteTable(resolve_routes(settings))
+    route_configs = resolve_routes(settings)
+    routes = RouteTable(route_configs)
 
     app = web.Application()
     app[METRICS] = metrics
@@ -44,7 +62,15 @@ def create_app(settings: Settings, *, registry: CollectorRegistry | None = None)
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         session = create_session(settings.upstream_max_connections)
-        app[PROXY] = Proxy(routes, session, hooks, max_request_bytes=settings.max_request_bytes)
+        engine = Engine(
+            session,
+            hooks,
+            list(route_configs),
+            inspect_limit=INSPECT_LIMIT_BYTES,
+            sleep=sleep,
+            clock=clock,
+        )
+        app[PROXY] = Proxy(routes, engine, hooks, max_request_bytes=settings.max_request_bytes)
         yield
         await session.close()
 

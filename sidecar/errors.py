@@ -15,6 +15,7 @@ in the GoMind ToolResponse envelope; its ``details`` values are strings and carr
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -88,3 +89,16 @@ def attempt_error_response(
     """The sidecar's answer when the last attempt produced no upstream answer."""
     sidecar_error, message = _ANSWER_FOR_ATTEMPT[error]
     return error_response(sidecar_error, message, {"reason": error.value}, headers)
+
+
+def circuit_open_response(
+    open_for_s: float, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    """The answer while a route's circuit is open: try again when the probe is due."""
+    retry_after = str(max(1, math.ceil(open_for_s)))
+    return error_response(
+        CIRCUIT_OPEN,
+        "the tool has been failing; calls are paused until a probe succeeds",
+        {"retry_after_s": retry_after},
+        {**(headers or {}), "Retry-After": retry_after},
+    )

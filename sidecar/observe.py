@@ -21,6 +21,8 @@ from prometheus_client import (
 )
 
 from sidecar import __version__
+from sidecar.envelopes import ToolFailure
+from sidecar.policy import Wait
 
 UNMATCHED_ROUTE = "(none)"
 
@@ -70,6 +72,31 @@ class Metrics:
             ["route"],
             registry=registry,
         )
+        self.retries = Counter(
+            "sidecar_retries_total",
+            "Retries sent, by what prompted them",
+            ["route", "reason"],
+            registry=registry,
+        )
+        self.retry_wait = Histogram(
+            "sidecar_retry_wait_seconds",
+            "Waits before retries, by who chose their length",
+            ["route", "source"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
+            registry=registry,
+        )
+        self.budget_exhausted = Counter(
+            "sidecar_retry_budget_exhausted_total",
+            "Retries refused because the route's retry budget was spent",
+            ["route"],
+            registry=registry,
+        )
+        self.circuit_state = Gauge(
+            "sidecar_circuit_state",
+            "Circuit breaker state: 0 closed, 1 half-open, 2 open",
+            ["route"],
+            registry=registry,
+        )
 
 
 def _orjson_dumps(event: Any, **_: Any) -> str:
@@ -112,6 +139,10 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
     root.setLevel(numeric_level)
 
 
+# Outcomes in which the sidecar stopped trying while the tool was still failing.
+GAVE_UP = frozenset({"exhausted", "unreachable", "budget-exhausted", "deadline"})
+
+
 class Hooks:
     """What each stage of a request records. One instance per app."""
 
@@ -126,20 +157,58 @@ class Hooks:
         self.log.debug("request_received", route=route, method=method)
 
     def attempt_finished(
-        self, route: str, attempt: int, status: int | str, duration_s: float
+        self,
+        route: str,
+        attempt: int,
+        label: str,
+        duration_s: float,
+        failure: ToolFailure | None,
     ) -> None:
-        """One upstream attempt ended with a status code, or an error kind."""
-        label = str(status) if isinstance(status, int) else "error"
-        self.metrics.upstream_attempts.labels(route=route, status=label).inc()
+        """One upstream attempt ended; ``label`` is its status code or its error kind."""
+        status = int(label) if label.isdigit() else None
+        status_label = label if status else "error"
+        self.metrics.upstream_attempts.labels(route=route, status=status_label).inc()
         self.metrics.upstream_duration.labels(route=route).observe(duration_s)
         self.log.debug(
             "upstream_attempt",
             route=route,
             attempt=attempt,
-            status=status if isinstance(status, int) else None,
-            reason=None if isinstance(status, int) else status,
+            status=status,
+            reason=None if status else label,
             duration_ms=round(duration_s * 1000, 1),
+            **_failure_fields(failure),
         )
+
+    def retry_scheduled(
+        self,
+        route: str,
+        attempt: int,
+        label: str,
+        reason: str,
+        wait: Wait,
+        failure: ToolFailure | None,
+    ) -> None:
+        """A retry will follow attempt ``attempt`` after ``wait``."""
+        self.metrics.retries.labels(route=route, reason=reason).inc()
+        self.metrics.retry_wait.labels(route=route, source=wait.source).observe(wait.seconds)
+        self.log.info(
+            "retry_scheduled",
+            route=route,
+            attempt=attempt,
+            status=int(label) if label.isdigit() else None,
+            reason=reason,
+            delay_ms=round(wait.seconds * 1000),
+            wait_source=wait.source,
+            **_failure_fields(failure),
+        )
+
+    def budget_exhausted(self, route: str) -> None:
+        """A retry was refused: the route's retry budget is spent."""
+        self.metrics.budget_exhausted.labels(route=route).inc()
+
+    def circuit_state(self, route: str, state: int) -> None:
+        """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open)."""
+        self.metrics.circuit_state.labels(route=route).set(state)
 
     def request_finished(
         self,
@@ -150,6 +219,7 @@ class Hooks:
         attempts: int,
         duration_s: float,
         *,
+        trail: str = "",
         matched: bool = True,
     ) -> None:
         """The answer's headers went to the agent (or the agent went away)."""
@@ -157,13 +227,23 @@ class Hooks:
             self.metrics.in_flight.labels(route=route).dec()
         self.metrics.requests.labels(route=route, method=method, outcome=outcome).inc()
         self.metrics.request_duration.labels(route=route, outcome=outcome).observe(duration_s)
+        fields = {
+            "route": route,
+            "method": method,
+            "outcome": outcome,
+            "status": status,
+            "attempt": attempts,
+            "duration_ms": round(duration_s * 1000, 1),
+        }
+        if outcome == "recovered":
+            self.log.info("recovery_succeeded", trail=trail, **fields)
+        elif outcome in GAVE_UP or (outcome == "not-retryable" and attempts > 1):
+            self.log.info("recovery_failed", trail=trail, **fields)
         emit = self.log.info if self._access_log else self.log.debug
-        emit(
-            "request_done",
-            route=route,
-            method=method,
-            outcome=outcome,
-            status=status,
-            attempt=attempts,
-            duration_ms=round(duration_s * 1000, 1),
-        )
+        emit("request_done", **fields)
+
+
+def _failure_fields(failure: ToolFailure | None) -> dict[str, Any]:
+    if failure is None:
+        return {}
+    return {"error_code": failure.code or None, "category": failure.category or None}

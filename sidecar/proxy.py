@@ -12,20 +12,18 @@ import structlog
 from aiohttp import web
 
 from sidecar import errors
+from sidecar.controls import request_controls
+from sidecar.engine import Engine
 from sidecar.observe import UNMATCHED_ROUTE, Hooks
-from sidecar.routing import RouteTable
+from sidecar.routing import RouteTable, Target
 from sidecar.upstream import (
     Answer,
     UpstreamRequest,
     end_to_end_headers,
-    exchange,
     undeliverable_header,
     upstream_request_headers,
 )
 
-# Answers at most this large are read whole so the status and envelope can be judged;
-# anything larger is streamed to the agent as it arrives.
-INSPECT_LIMIT_BYTES = 256 * 1024
 _STREAM_CHUNK_BYTES = 64 * 1024
 
 _log = structlog.get_logger("sidecar")
@@ -52,23 +50,17 @@ class _StreamedBody:
 
 
 class Proxy:
-    """Forwards every method and path to the route's upstream."""
+    """Forwards every method and path to the route's upstream, through the retry engine."""
 
     def __init__(
-        self,
-        routes: RouteTable,
-        session: aiohttp.ClientSession,
-        hooks: Hooks,
-        *,
-        max_request_bytes: int,
+        self, routes: RouteTable, engine: Engine, hooks: Hooks, *, max_request_bytes: int
     ) -> None:
         self._routes = routes
-        self._session = session
+        self._engine = engine
         self._hooks = hooks
         self._max_request_bytes = max_request_bytes
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        started = time.monotonic()
         request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
         target = self._routes.match(request.raw_path)
         if target is None:
@@ -79,65 +71,77 @@ class Proxy:
             return errors.error_response(
                 errors.NO_ROUTE, "no route matches this path", {"path": request.path}
             )
-        route = target.route
         with structlog.contextvars.bound_contextvars(
-            request_id=request_id, route=route.name, method=request.method
+            request_id=request_id, route=target.route.name, method=request.method
         ):
-            self._hooks.request_received(route.name, request.method)
-            status, outcome, attempts = 0, "not-retryable", 0
-            try:
-                bad_header = undeliverable_header(request.headers)
-                if bad_header is not None:
-                    status = 400
-                    raise web.HTTPBadRequest(text=f"header {bad_header} is not valid UTF-8")
-                body = await self._read_request_body(request, route.tuning.max_body_bytes)
-                if body is None:
-                    response = self._too_large()
-                    status = response.status
-                    return response
-                upstream_request = UpstreamRequest(
+            return await self._forward(request, target, request_id)
+
+    async def _forward(
+        self, request: web.BaseRequest, target: Target, request_id: str
+    ) -> web.StreamResponse:
+        started = time.monotonic()
+        route = target.route
+        self._hooks.request_received(route.name, request.method)
+        status, outcome, attempts, trail = 0, "not-retryable", 0, ""
+        try:
+            bad_header = undeliverable_header(request.headers)
+            if bad_header is not None:
+                status = 400
+                raise web.HTTPBadRequest(text=f"header {bad_header} is not valid UTF-8")
+            body = await self._read_request_body(request, route.tuning.max_body_bytes)
+            if body is None:
+                response = self._too_large()
+                status = response.status
+                return response
+            headers = upstream_request_headers(
+                request.headers,
+                client_address=request.remote,
+                scheme=request.scheme,
+                request_id=request_id,
+            )
+            key_header = route.tuning.idempotency_header
+            if key_header and key_header not in headers:
+                headers[key_header] = str(uuid.uuid4())
+            streamed = isinstance(body, _StreamedBody)
+            result = await self._engine.run(
+                route,
+                UpstreamRequest(
                     method=request.method,
                     url=target.url,
-                    headers=upstream_request_headers(
-                        request.headers,
-                        client_address=request.remote,
-                        scheme=request.scheme,
-                        request_id=request_id,
-                    ),
+                    headers=headers,
                     body=body.chunks() if isinstance(body, _StreamedBody) else body,
-                )
-                attempts = 1
-                attempt_started = time.monotonic()
-                answer = await exchange(
-                    self._session,
-                    upstream_request,
-                    min(route.tuning.per_try_timeout_ms, route.tuning.request_timeout_ms) / 1000,
-                    INSPECT_LIMIT_BYTES,
-                )
-                elapsed = time.monotonic() - attempt_started
-                if isinstance(answer, errors.AttemptError):
-                    self._hooks.attempt_finished(route.name, 1, answer.value, elapsed)
-                    if isinstance(body, _StreamedBody) and body.exceeded:
-                        response = self._too_large()
-                    else:
-                        outcome = (
-                            "unreachable" if answer is errors.AttemptError.CONNECT else "exhausted"
-                        )
-                        response = errors.attempt_error_response(answer)
-                    status = response.status
-                    return response
-                self._hooks.attempt_finished(route.name, 1, answer.status, elapsed)
-                outcome, status = "ok", answer.status
-                return await relay(request, answer, {})
-            finally:
-                self._hooks.request_finished(
-                    route.name,
-                    request.method,
-                    outcome,
-                    status,
-                    attempts,
-                    time.monotonic() - started,
-                )
+                ),
+                request_controls(route.tuning, request.headers),
+                replayable=not streamed,
+            )
+            outcome, attempts, trail = result.outcome, result.attempts, ", ".join(result.trail)
+            report = {
+                "X-Sidecar-Attempts": str(attempts),
+                "X-Sidecar-Outcome": outcome,
+                "X-Sidecar-Trail": trail,
+            }
+            if result.answer is not None:
+                status = result.answer.status
+                return await relay(request, result.answer, report)
+            if isinstance(body, _StreamedBody) and body.exceeded:
+                response = self._too_large()
+            elif result.circuit_open_for_s is not None:
+                response = errors.circuit_open_response(result.circuit_open_for_s, report)
+            else:
+                assert result.error is not None
+                response = errors.attempt_error_response(result.error, report)
+            status = response.status
+            return response
+        finally:
+            self._hooks.request_finished(
+                route.name,
+                request.method,
+                outcome,
+                status,
+                attempts,
+                time.monotonic() - started,
+                trail=trail,
+            )
 
     def _too_large(self) -> web.Response:
         return errors.error_response(

@@ -7,6 +7,7 @@ here and nowhere else.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 
@@ -121,11 +122,16 @@ class UpstreamRequest:
 
 @dataclass(slots=True)
 class Answer:
-    """The tool's answer: its body whole when ``complete``, else the part read so far."""
+    """The tool's answer: its body whole when ``complete``, else the part read so far.
+
+    ``decisive`` says whether ``body`` holds what a decision needs: the whole body, or the
+    first event of an event stream.
+    """
 
     response: aiohttp.ClientResponse
     body: bytes
     complete: bool
+    decisive: bool = False
 
     @property
     def status(self) -> int:
@@ -136,21 +142,30 @@ class Answer:
         self.response.release()
 
 
-def body_matters(method: str, response: aiohttp.ClientResponse) -> bool:
-    """Whether the body can change what happens next (and so is read before relaying).
+class BodyRead(enum.Enum):
+    """How much of an answer is read before deciding on it."""
 
-    Error answers always can; a 2xx can only through a JSON envelope (``success: false``).
-    Streams, bodiless answers and other media go straight to the agent.
+    NONE = "none"  # relay as it comes
+    WHOLE = "whole"  # small enough to hold: read it all (the rest streams if it is not)
+    FIRST_EVENT = "first_event"  # an event stream answering a call: its first event
+
+
+def body_read(method: str, response: aiohttp.ClientResponse) -> BodyRead:
+    """How much of the body can change what happens next.
+
+    Error answers always can; a 2xx only through a JSON envelope (``success: false``) or,
+    for an MCP call answered as an event stream, through its first event. Long-lived
+    streams (``GET``), bodiless answers and other media go straight to the agent.
     """
     status = response.status
     if method == "HEAD" or status in (204, 304) or status < 200:
-        return False
+        return BodyRead.NONE
     content_type = response.content_type
     if content_type == "text/event-stream":
-        return False
-    if status >= 400:
-        return True
-    return content_type == "application/json" or content_type.endswith("+json")
+        return BodyRead.FIRST_EVENT if method == "POST" else BodyRead.NONE
+    if status >= 400 or content_type == "application/json" or content_type.endswith("+json"):
+        return BodyRead.WHOLE
+    return BodyRead.NONE
 
 
 async def exchange(
@@ -174,10 +189,14 @@ async def exchange(
                 data=request.body,
                 allow_redirects=False,
             )
-            if not body_matters(request.method, response):
-                return Answer(response, b"", complete=False)
-            body, complete = await _read_up_to(response, inspect_limit)
-            return Answer(response, body, complete)
+            mode = body_read(request.method, response)
+            if mode is BodyRead.WHOLE:
+                body, complete = await _read_up_to(response, inspect_limit)
+                return Answer(response, body, complete, decisive=complete)
+            if mode is BodyRead.FIRST_EVENT:
+                first_event = await _read_first_event(response, inspect_limit)
+                return Answer(response, first_event, complete=False, decisive=True)
+            return Answer(response, b"", complete=False)
     except TimeoutError:
         error = AttemptError.TIMEOUT
     except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
@@ -187,6 +206,17 @@ async def exchange(
     if response is not None:
         response.close()
     return error
+
+
+async def _read_first_event(response: aiohttp.ClientResponse, limit: int) -> bytes:
+    """The stream up to the end of its first event (or ``limit`` bytes, or its end)."""
+    buffer = bytearray()
+    while len(buffer) <= limit and b"\n\n" not in buffer and b"\r\n\r\n" not in buffer:
+        chunk = await response.content.readany()
+        if not chunk:
+            break
+        buffer.extend(chunk)
+    return bytes(buffer)
 
 
 async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:

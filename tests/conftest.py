@@ -40,10 +40,21 @@ class Tool:
         return str(self.server.make_url("/"))
 
 
+class RecordingSleep:
+    """Stands in for ``asyncio.sleep``: records each wait and returns at once."""
+
+    def __init__(self) -> None:
+        self.waits: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+
 @dataclass
 class Sidecar:
     client: TestClient
     registry: CollectorRegistry
+    sleep: Any
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, labels)
@@ -89,13 +100,18 @@ def make_tool(aiohttp_server: Any) -> Callable[..., Awaitable[Tool]]:
 def make_sidecar(aiohttp_client: Any) -> Callable[..., Awaitable[Sidecar]]:
     """A sidecar app served on loopback, configured from keyword settings."""
 
-    async def make(upstream: str | Tool | None = None, **settings: Any) -> Sidecar:
+    async def make(
+        upstream: str | Tool | None = None, *, sleep: Any = None, **settings: Any
+    ) -> Sidecar:
         if isinstance(upstream, Tool):
             upstream = upstream.url
         registry = CollectorRegistry()
-        app = create_app(load_settings(upstream_url=upstream, **settings), registry=registry)
+        sleep = sleep or RecordingSleep()
+        app = create_app(
+            load_settings(upstream_url=upstream, **settings), registry=registry, sleep=sleep
+        )
         client = await aiohttp_client(app, server_kwargs=SERVER_KWARGS, auto_decompress=False)
-        return Sidecar(client, registry)
+        return Sidecar(client, registry, sleep)
 
     return make
 

@@ -1,0 +1,39 @@
+"""Per-request control headers from the agent. They can only lower the configured limits."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from sidecar.settings import Tuning
+
+MAX_RETRIES = "X-Sidecar-Max-Retries"
+TIMEOUT_MS = "X-Sidecar-Timeout-Ms"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestControls:
+    max_retries: int
+    timeout_s: float
+
+
+def request_controls(tuning: Tuning, headers: Mapping[str, str]) -> RequestControls:
+    """The route's limits, lowered where the agent asked; unreadable values are ignored."""
+    max_retries = tuning.max_retries
+    asked_retries = _non_negative_int(headers.get(MAX_RETRIES))
+    if asked_retries is not None:
+        max_retries = min(max_retries, asked_retries)
+
+    timeout_ms = tuning.request_timeout_ms
+    asked_timeout = _non_negative_int(headers.get(TIMEOUT_MS))
+    if asked_timeout:
+        timeout_ms = min(timeout_ms, asked_timeout)
+
+    return RequestControls(max_retries=max_retries, timeout_s=timeout_ms / 1000)
+
+
+def _non_negative_int(value: str | None) -> int | None:
+    if value is None:
+        return None
+    value = value.strip()
+    return int(value) if value.isdigit() and len(value) <= 9 else None

@@ -1,0 +1,91 @@
+"""How long to wait before a retry, and whether a retry may happen at all. Pure functions.
+
+Backoff follows AWS's "Exponential Backoff and Jitter": the exponential step is
+``min(cap, base * multiplier ** n)``; ``full`` jitter waits uniformly in ``[0, step]``,
+``equal`` in ``[step / 2, step]``, ``decorrelated`` in ``[base, previous * 3]`` (capped),
+``none`` exactly ``step``.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sidecar.settings import JitterMode
+
+Uniform = Callable[[float, float], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    base_s: float
+    cap_s: float
+    multiplier: float
+    jitter: JitterMode
+    uniform: Uniform = random.uniform
+
+    def delay(self, retry_number: int, previous_s: float | None = None) -> float:
+        """The wait before retry ``retry_number`` (1 for the first retry)."""
+        step = min(self.cap_s, self.base_s * self.multiplier ** min(retry_number - 1, 64))
+        if self.jitter == "full":
+            return self.uniform(0.0, step)
+        if self.jitter == "equal":
+            return step / 2 + self.uniform(0.0, step / 2)
+        if self.jitter == "decorrelated":
+            upper = max(self.base_s, (previous_s if previous_s is not None else self.base_s) * 3)
+            return min(self.cap_s, self.uniform(self.base_s, upper))
+        return step
+
+
+class Stop(enum.Enum):
+    """Why no further attempt is made; the value is the ``X-Sidecar-Outcome``."""
+
+    EXHAUSTED = "exhausted"
+    UNREACHABLE = "unreachable"
+    NOT_RETRYABLE = "not-retryable"
+    BUDGET = "budget-exhausted"
+    DEADLINE = "deadline"
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    seconds: float
+    source: str  # "backoff" or "retry_after"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The bounds of one request's retries."""
+
+    max_retries: int
+    max_retry_after_s: float
+
+
+def plan_wait(
+    *,
+    retries_done: int,
+    limits: Limits,
+    requested_s: float | None,
+    backoff: Backoff,
+    previous_s: float | None,
+    time_left_s: float,
+    unreachable: bool,
+) -> Wait | Stop:
+    """The wait before the next retry, or why there is none.
+
+    A wait the tool asked for is honoured up to ``max_retry_after_s``; past that the answer
+    goes back at once (sleeping that long helps nobody). No wait may outlast the deadline.
+    """
+    if retries_done >= limits.max_retries:
+        return Stop.UNREACHABLE if unreachable else Stop.EXHAUSTED
+    if requested_s is not None:
+        if requested_s > limits.max_retry_after_s:
+            return Stop.NOT_RETRYABLE
+        wait = Wait(requested_s, "retry_after")
+    else:
+        wait = Wait(backoff.delay(retries_done + 1, previous_s), "backoff")
+    if wait.seconds >= time_left_s:
+        return Stop.DEADLINE
+    return wait
