@@ -136,8 +136,12 @@ def parse_failure(document: Any, *, success_status: bool) -> ToolFailure | None:
 def _text(value: Any, limit: int = 2000) -> str:
     if value is None:
         return ""
-    text = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
-    return text[:limit]
+    if isinstance(value, str):
+        return value[:limit]
+    try:
+        return orjson.dumps(value, default=str).decode()[:limit]
+    except TypeError:  # integers past 64 bits
+        return str(value)[:limit]
 
 
 def _flag(value: Any) -> bool | None:

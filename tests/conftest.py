@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,16 @@ class RecordingSleep:
 
     async def __call__(self, seconds: float) -> None:
         self.waits.append(seconds)
+
+
+class FakeClock:
+    """A monotonic clock that moves only when a test moves it."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 @dataclass
@@ -101,19 +112,39 @@ def make_sidecar(aiohttp_client: Any) -> Callable[..., Awaitable[Sidecar]]:
     """A sidecar app served on loopback, configured from keyword settings."""
 
     async def make(
-        upstream: str | Tool | None = None, *, sleep: Any = None, **settings: Any
+        upstream: str | Tool | None = None,
+        *,
+        sleep: Any = None,
+        clock: Any = time.monotonic,
+        **settings: Any,
     ) -> Sidecar:
         if isinstance(upstream, Tool):
             upstream = upstream.url
         registry = CollectorRegistry()
         sleep = sleep or RecordingSleep()
         app = create_app(
-            load_settings(upstream_url=upstream, **settings), registry=registry, sleep=sleep
+            load_settings(upstream_url=upstream, **settings),
+            registry=registry,
+            sleep=sleep,
+            clock=clock,
         )
         client = await aiohttp_client(app, server_kwargs=SERVER_KWARGS, auto_decompress=False)
         return Sidecar(client, registry, sleep)
 
     return make
+
+
+def scripted(*answers: Callable[[], web.StreamResponse]) -> Handler:
+    """A handler answering the n-th request with ``answers[n]`` (the last one repeats)."""
+    calls = 0
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        answer = answers[min(calls, len(answers) - 1)]
+        calls += 1
+        return answer()
+
+    return handler
 
 
 def unused_port() -> int:
