@@ -36,4 +36,4 @@ def _non_negative_int(value: str | None) -> int | None:
     if value is None:
         return None
     value = value.strip()
-    return int(value) if value.isdigit() and len(value) <= 9 else None
+    return int(value) if value.isascii() and value.isdigit() and len(value) <= 9 else None

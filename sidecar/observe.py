@@ -165,17 +165,17 @@ class Hooks:
         failure: ToolFailure | None,
     ) -> None:
         """One upstream attempt ended; ``label`` is its status code or its error kind."""
-        status = int(label) if label.isdigit() else None
+        status = _status_of(label)
         status_label = label if status else "error"
         self.metrics.upstream_attempts.labels(route=route, status=status_label).inc()
         self.metrics.upstream_duration.labels(route=route).observe(duration_s)
+        outcome = {"status": status} if status else {"reason": label}
         self.log.debug(
             "upstream_attempt",
             route=route,
             attempt=attempt,
-            status=status,
-            reason=None if status else label,
             duration_ms=round(duration_s * 1000, 1),
+            **outcome,
             **_failure_fields(failure),
         )
 
@@ -195,7 +195,7 @@ class Hooks:
             "retry_scheduled",
             route=route,
             attempt=attempt,
-            status=int(label) if label.isdigit() else None,
+            status=_status_of(label),
             reason=reason,
             delay_ms=round(wait.seconds * 1000),
             wait_source=wait.source,
@@ -243,7 +243,13 @@ class Hooks:
         emit("request_done", **fields)
 
 
+def _status_of(label: str) -> int | None:
+    """An attempt label is a status code, or an error kind such as ``connect_error``."""
+    return int(label) if label.isdigit() else None
+
+
 def _failure_fields(failure: ToolFailure | None) -> dict[str, Any]:
     if failure is None:
         return {}
-    return {"error_code": failure.code or None, "category": failure.category or None}
+    fields = {"error_code": failure.code, "category": failure.category}
+    return {name: value for name, value in fields.items() if value}

@@ -49,7 +49,7 @@ def retry_after_seconds(value: str | None, now: float) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²" is a digit to str.isdigit, not to float()
         return float(value)
     if len(value) not in _HTTP_DATE_LENGTHS:
         return None

@@ -134,6 +134,7 @@ def test_zero_failures_disables_the_breaker():
         ({"X-Sidecar-Max-Retries": "10"}, 3, 120.0),
         ({"X-Sidecar-Max-Retries": "-1"}, 3, 120.0),
         ({"X-Sidecar-Max-Retries": "1e3"}, 3, 120.0),
+        ({"X-Sidecar-Max-Retries": "²"}, 3, 120.0),
         ({"X-Sidecar-Timeout-Ms": "500"}, 3, 0.5),
         ({"X-Sidecar-Timeout-Ms": "999999999"}, 3, 120.0),
         ({"X-Sidecar-Timeout-Ms": "0"}, 3, 120.0),

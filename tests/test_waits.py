@@ -35,6 +35,7 @@ NOW = 1_800_000_000.0
         ("abc", None),
         ("1e309", None),
         ("1.5", None),
+        ("²", None),
         ("", None),
         (None, None),
         ("Mon, 01 Jan 1990 00:00:00", None),  # no zone: not an HTTP-date
