@@ -7,12 +7,16 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+import openai
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sidecar.engine import Clock, Engine, Sleep
 from sidecar.observe import Hooks, Metrics
 from sidecar.proxy import Proxy
+from sidecar.repair.llm import LlmRepairer
+from sidecar.repair.pipeline import Repairs
+from sidecar.repair.schemas import SchemaStore
 from sidecar.routing import RouteTable
 from sidecar.settings import Settings, resolve_routes
 from sidecar.upstream import create_session
@@ -33,6 +37,8 @@ LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 # How the proxy app must be served: a handler is cancelled when its agent goes away,
 # so no attempt or wait continues on behalf of nobody; access lines come from our hooks.
 SERVER_KWARGS = {"handler_cancellation": True, "access_log": None}
+
+SCHEMA_FETCH_TIMEOUT_S = 10.0
 
 # Answers at most this large are read whole so the status and envelope can be judged;
 # anything larger is streamed to the agent as it arrives.
@@ -62,17 +68,42 @@ def create_app(
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         session = create_session(settings.upstream_max_connections)
+        schemas = SchemaStore(
+            {route.name: route.schema_source for route in route_configs}, hooks.schema_unavailable
+        )
+        await schemas.load(session, SCHEMA_FETCH_TIMEOUT_S)
+        refresh = asyncio.create_task(
+            schemas.refresh_forever(
+                session, SCHEMA_FETCH_TIMEOUT_S, settings.schema_refresh_ms / 1000
+            )
+        )
+        llm_client = llm_client_for(settings)
+        repairer = (
+            LlmRepairer(
+                llm_client,
+                settings.llm_model,
+                hooks,
+                max_concurrency=settings.llm_max_concurrency,
+                clock=clock,
+            )
+            if llm_client is not None
+            else None
+        )
         engine = Engine(
             session,
             hooks,
             list(route_configs),
+            Repairs(schemas, repairer, hooks),
             inspect_limit=INSPECT_LIMIT_BYTES,
             sleep=sleep,
             clock=clock,
         )
         app[PROXY] = Proxy(routes, engine, hooks, max_request_bytes=settings.max_request_bytes)
         yield
+        refresh.cancel()
         await session.close()
+        if llm_client is not None:
+            await llm_client.close()
 
     async def forward(request: web.Request) -> web.StreamResponse:
         return await request.app[PROXY].handle(request)
@@ -80,6 +111,22 @@ def create_app(
     app.cleanup_ctx.append(upstream_session)
     app.router.add_route("*", "/{path:.*}", forward)
     return app
+
+
+def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
+    """The process's one OpenAI-compatible client, when an endpoint or key is configured.
+
+    Built with ``max_retries=0``: the sidecar's own loop is the only retry there is.
+    """
+    if settings.llm_base_url is None and settings.llm_api_key is None:
+        return None
+    return openai.AsyncOpenAI(
+        base_url=str(settings.llm_base_url) if settings.llm_base_url else None,
+        # Local OpenAI-compatible servers need no key; the client insists on one.
+        api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else "none",
+        max_retries=0,
+        timeout=settings.llm_timeout_ms / 1000,
+    )
 
 
 def create_admin_app(proxy_app: web.Application) -> web.Application:

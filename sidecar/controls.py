@@ -5,16 +5,22 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.settings import Tuning
+from sidecar.settings import REPAIR_LEVELS, RepairLevel, Tuning
 
 MAX_RETRIES = "X-Sidecar-Max-Retries"
 TIMEOUT_MS = "X-Sidecar-Timeout-Ms"
+REPAIR = "X-Sidecar-Repair"
+INTENT = "X-Sidecar-Intent"
+
+_MAX_INTENT_CHARS = 2000
 
 
 @dataclass(frozen=True, slots=True)
 class RequestControls:
     max_retries: int
     timeout_s: float
+    repair: RepairLevel
+    intent: str | None  # what the user asked for, for the LLM
 
 
 def request_controls(tuning: Tuning, headers: Mapping[str, str]) -> RequestControls:
@@ -29,7 +35,19 @@ def request_controls(tuning: Tuning, headers: Mapping[str, str]) -> RequestContr
     if asked_timeout:
         timeout_ms = min(timeout_ms, asked_timeout)
 
-    return RequestControls(max_retries=max_retries, timeout_s=timeout_ms / 1000)
+    repair = tuning.repair
+    asked_repair = (headers.get(REPAIR) or "").strip().lower()
+    for level in REPAIR_LEVELS[: REPAIR_LEVELS.index(repair)]:
+        if asked_repair == level:
+            repair = level
+
+    intent = headers.get(INTENT)
+    return RequestControls(
+        max_retries=max_retries,
+        timeout_s=timeout_ms / 1000,
+        repair=repair,
+        intent=intent[:_MAX_INTENT_CHARS] if intent else None,
+    )
 
 
 def _non_negative_int(value: str | None) -> int | None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 
@@ -23,6 +24,8 @@ from sidecar.envelopes import inspect
 from sidecar.errors import AttemptError
 from sidecar.observe import Hooks
 from sidecar.policy import Backoff, Limits, Stop, Wait, plan_wait
+from sidecar.repair.payload import Payload
+from sidecar.repair.pipeline import RepairJob, Repairs
 from sidecar.settings import RouteConfig
 from sidecar.upstream import Answer, UpstreamRequest, exchange
 from sidecar.waits import requested_wait
@@ -50,6 +53,7 @@ class Result:
     answer: Answer | None = None  # the tool's last real answer, when one exists
     error: AttemptError | None = None  # else: what the last attempt ran into
     circuit_open_for_s: float | None = None  # else: the circuit refused to try at all
+    repaired: tuple[str, ...] = ()  # the layers that changed the body behind ``answer``
 
 
 @dataclass(slots=True)
@@ -72,6 +76,7 @@ class Engine:
         session: aiohttp.ClientSession,
         hooks: Hooks,
         routes: list[RouteConfig],
+        repairs: Repairs,
         *,
         inspect_limit: int,
         sleep: Sleep = asyncio.sleep,
@@ -79,6 +84,7 @@ class Engine:
     ) -> None:
         self._session = session
         self._hooks = hooks
+        self._repairs = repairs
         self._inspect_limit = inspect_limit
         self._sleep = sleep
         self._clock = clock
@@ -105,16 +111,39 @@ class Engine:
         route: RouteConfig,
         request: UpstreamRequest,
         controls: RequestControls,
-        *,
-        replayable: bool,
+        payload: Payload | None,
     ) -> Result:
+        """Send ``request`` until an answer can go back.
+
+        ``payload`` is the buffered body, which may be replayed and repaired; ``None`` means
+        the body streams through and the request is tried once.
+        """
         guards = self._guards[route.name]
         tuning = route.tuning
         limits = Limits(controls.max_retries, tuning.max_retry_after_ms / 1000)
         deadline = self._clock() + controls.timeout_s
         guards.budget.record_request()
+        path = request.url.path
+        own_key = tuning.idempotency_header
+        if own_key in request.headers:
+            own_key = ""
+        if payload is not None:
+            payload = self._repairs.prepare(
+                route.name, request.method, path, payload, controls.repair
+            )
+            request = _sending(request, payload, own_key)
+            if payload.layers:
+                self._hooks.repair_result(route.name, "coercion", "applied")
+        elif own_key:
+            request = replace(request, headers=request.headers.copy())
+            request.headers[own_key] = str(uuid.uuid4())
+        tried = {payload.fingerprint} if payload is not None else set()
+        # The layer whose payload is being sent and whose first answer is not yet judged.
+        unjudged_layer = payload.layers[-1] if payload is not None and payload.layers else None
+        llm_repairs_left = tuning.llm_max_repairs
         trail: list[str] = []
         last_answer: Answer | None = None
+        answered_payload: Payload | None = None
         retries = 0
         previous_wait: float | None = None
         attempt_number = 0
@@ -123,7 +152,8 @@ class Engine:
             outcome = reason.value if isinstance(reason, Stop) else reason
             trail.append(f"{attempt.label} {note}" if note else attempt.label)
             error = attempt.result if isinstance(attempt.result, AttemptError) else None
-            return Result(outcome, attempt_number, trail, last_answer, error)
+            layers = answered_payload.layers if answered_payload is not None else ()
+            return Result(outcome, attempt_number, trail, last_answer, error, repaired=layers)
 
         while True:
             refused_for = guards.circuit.admit()
@@ -131,7 +161,10 @@ class Engine:
             if refused_for is not None:
                 trail.append("circuit_open")
                 if last_answer is not None:
-                    return Result(Stop.EXHAUSTED.value, attempt_number, trail, last_answer)
+                    layers = answered_payload.layers if answered_payload else ()
+                    return Result(
+                        Stop.EXHAUSTED.value, attempt_number, trail, last_answer, repaired=layers
+                    )
                 return Result("unreachable", attempt_number, trail, circuit_open_for_s=refused_for)
 
             attempt_number += 1
@@ -144,7 +177,8 @@ class Engine:
                 guards.circuit.abandon()
                 raise
             attempt = self._judge(result, tuning.retry_on_status)
-            guards.circuit.record(attempt.verdict.is_failure)
+            verdict = attempt.verdict
+            guards.circuit.record(verdict.is_failure)
             self._hooks.circuit_state(route.name, guards.circuit.state)
             self._hooks.attempt_finished(
                 route.name,
@@ -153,23 +187,62 @@ class Engine:
                 self._clock() - started,
                 attempt.reply.failure if attempt.reply else None,
             )
+            if unjudged_layer is not None:
+                result_name = "succeeded" if verdict.success else "failed"
+                self._hooks.repair_result(route.name, unjudged_layer, result_name)
+                unjudged_layer = None
             if isinstance(result, Answer):
                 if last_answer is not None:
                     last_answer.discard()
-                last_answer = result
+                last_answer, answered_payload = result, payload
 
-            verdict = attempt.verdict
             if verdict.action is Action.DONE:
                 if verdict.success:
                     return stop("ok" if attempt_number == 1 else "recovered", attempt)
                 return stop(Stop.NOT_RETRYABLE, attempt)
-            if verdict.action is Action.REPAIR:
-                return stop(Stop.NOT_RETRYABLE, attempt, "repair=none")
             if result is AttemptError.TIMEOUT and per_try < tuning.per_try_timeout_ms / 1000:
                 return stop(Stop.DEADLINE, attempt, "stop=deadline")
-            if not replayable:
+            if payload is None:
                 return stop(Stop.NOT_RETRYABLE, attempt, "stop=not_replayable")
 
+            retry_same = verdict.action is Action.RETRY
+            if verdict.action is Action.REPAIR:
+                assert attempt.reply is not None
+                proposal = await self._repairs.propose(
+                    RepairJob(
+                        route=route.name,
+                        method=request.method,
+                        path=path,
+                        payload=payload,
+                        reply=attempt.reply,
+                        attempt=attempt_number,
+                        level=controls.repair,
+                        intent=controls.intent,
+                        tried=tried,
+                        llm_allowed=llm_repairs_left > 0,
+                        time_left_s=deadline - self._clock(),
+                    )
+                )
+                llm_repairs_left -= proposal.asked_llm
+                if proposal.payload is not None and proposal.layer is not None:
+                    stopped = self._may_retry(guards, route.name, retries, limits, deadline)
+                    if stopped is not None:
+                        return stop(stopped, attempt, f"stop={stopped.value}")
+                    self._hooks.repaired_retry(
+                        route.name, attempt_number, attempt.label, proposal.layer
+                    )
+                    trail.append(f"{attempt.label} repair={proposal.layer}")
+                    payload = proposal.payload
+                    unjudged_layer = proposal.layer
+                    tried.add(payload.fingerprint)
+                    request = _sending(request, payload, own_key)
+                    retries += 1
+                    continue
+                if not proposal.retry_same:
+                    return stop(Stop.NOT_RETRYABLE, attempt, "repair=none")
+                retry_same = True
+
+            assert retry_same
             plan = plan_wait(
                 retries_done=retries,
                 limits=limits,
@@ -193,7 +266,7 @@ class Engine:
                 route.name,
                 attempt_number,
                 attempt.label,
-                verdict.reason,
+                verdict.reason if verdict.action is Action.RETRY else "server_error",
                 plan,
                 attempt.reply.failure if attempt.reply else None,
             )
@@ -201,6 +274,19 @@ class Engine:
             await self._sleep(plan.seconds)
             retries += 1
             previous_wait = plan.seconds
+
+    def _may_retry(
+        self, guards: RouteGuards, route: str, retries: int, limits: Limits, deadline: float
+    ) -> Stop | None:
+        """Why a repaired payload may not be sent now, if it may not."""
+        if retries >= limits.max_retries:
+            return Stop.EXHAUSTED
+        if deadline - self._clock() <= 0:
+            return Stop.DEADLINE
+        if not guards.budget.try_spend():
+            self._hooks.budget_exhausted(route)
+            return Stop.BUDGET
+        return None
 
     def _judge(self, result: Answer | AttemptError, retry_on_status: frozenset[int]) -> _Attempt:
         if isinstance(result, AttemptError):
@@ -224,6 +310,20 @@ class Engine:
         if not isinstance(attempt.result, Answer) or attempt.reply is None:
             return None
         return requested_wait(attempt.result.response.headers, attempt.reply.failure, time.time())
+
+
+def _sending(request: UpstreamRequest, payload: Payload, key_header: str) -> UpstreamRequest:
+    """``request`` carrying ``payload``, under a fresh idempotency key when it is the sidecar's.
+
+    The sidecar's key names one payload: every retry of it carries the same key, and a
+    repaired payload (a different request to the tool) gets a new one. A key the agent
+    chose is the agent's to keep.
+    """
+    headers = request.headers
+    if key_header:
+        headers = headers.copy()
+        headers[key_header] = str(uuid.uuid4())
+    return replace(request, headers=headers, body=payload.body)
 
 
 def _seconds(value: float) -> str:

@@ -91,6 +91,30 @@ class Metrics:
             ["route"],
             registry=registry,
         )
+        self.repairs = Counter(
+            "sidecar_repairs_total",
+            "Payload repairs, by layer and result",
+            ["route", "layer", "result"],
+            registry=registry,
+        )
+        self.llm_requests = Counter(
+            "sidecar_llm_requests_total",
+            "Calls to the repair LLM, by result",
+            ["result"],
+            registry=registry,
+        )
+        self.llm_duration = Histogram(
+            "sidecar_llm_duration_seconds",
+            "Time of one call to the repair LLM",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30),
+            registry=registry,
+        )
+        self.llm_tokens = Counter(
+            "sidecar_llm_tokens_total",
+            "Tokens the repair LLM reported using",
+            ["kind"],
+            registry=registry,
+        )
         self.circuit_state = Gauge(
             "sidecar_circuit_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open",
@@ -201,6 +225,56 @@ class Hooks:
             wait_source=wait.source,
             **_failure_fields(failure),
         )
+
+    def repaired_retry(self, route: str, attempt: int, label: str, layer: str) -> None:
+        """A repaired payload will be sent right away after attempt ``attempt``."""
+        self.metrics.retries.labels(route=route, reason="repaired").inc()
+        self.metrics.repairs.labels(route=route, layer=layer, result="applied").inc()
+        self.log.info(
+            "retry_scheduled",
+            route=route,
+            attempt=attempt,
+            status=_status_of(label),
+            reason="repaired",
+            layer=layer,
+            delay_ms=0,
+        )
+
+    def payload_repaired(self, route: str, layer: str, fields: list[str]) -> None:
+        """A layer changed these fields of the payload (their values are never logged)."""
+        self.log.info("payload_repaired", route=route, layer=layer, fields=fields[:50])
+
+    def repair_result(self, route: str, layer: str, result: str) -> None:
+        """A layer's work ended: ``succeeded``/``failed`` (its payload's answer), ``declined``."""
+        self.metrics.repairs.labels(route=route, layer=layer, result=result).inc()
+
+    def repair_refused(self, route: str, layer: str, why: str) -> None:
+        """A layer's proposal broke a guardrail and was not sent."""
+        self.metrics.repairs.labels(route=route, layer=layer, result="failed").inc()
+        self.log.info("repair_refused", route=route, layer=layer, reason=why)
+
+    def llm_request(
+        self,
+        result: str,
+        duration_s: float | None = None,
+        *,
+        prompt_tokens: int = 0,
+        completion_tokens: int = 0,
+    ) -> None:
+        """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``."""
+        self.metrics.llm_requests.labels(result=result).inc()
+        if duration_s is not None:
+            self.metrics.llm_duration.observe(duration_s)
+        if prompt_tokens:
+            self.metrics.llm_tokens.labels(kind="prompt").inc(prompt_tokens)
+        if completion_tokens:
+            self.metrics.llm_tokens.labels(kind="completion").inc(completion_tokens)
+        if result != "ok":
+            self.log.warning("llm_request_failed", result=result)
+
+    def schema_unavailable(self, route: str, reason: str) -> None:
+        """A route's schema could not be loaded; the route runs without (or with the last)."""
+        self.log.warning("schema_unavailable", route=route, reason=reason)
 
     def budget_exhausted(self, route: str) -> None:
         """A retry was refused: the route's retry budget is spent."""

@@ -15,6 +15,7 @@ from sidecar import errors
 from sidecar.controls import request_controls
 from sidecar.engine import Engine
 from sidecar.observe import UNMATCHED_ROUTE, Hooks
+from sidecar.repair.payload import Payload
 from sidecar.routing import RouteTable, Target
 from sidecar.upstream import (
     Answer,
@@ -99,10 +100,6 @@ class Proxy:
                 scheme=request.scheme,
                 request_id=request_id,
             )
-            key_header = route.tuning.idempotency_header
-            if key_header and key_header not in headers:
-                headers[key_header] = str(uuid.uuid4())
-            streamed = isinstance(body, _StreamedBody)
             result = await self._engine.run(
                 route,
                 UpstreamRequest(
@@ -112,7 +109,7 @@ class Proxy:
                     body=body.chunks() if isinstance(body, _StreamedBody) else body,
                 ),
                 request_controls(route.tuning, request.headers),
-                replayable=not streamed,
+                None if isinstance(body, _StreamedBody) else Payload.of(body),
             )
             outcome, attempts, trail = result.outcome, result.attempts, ", ".join(result.trail)
             report = {
@@ -120,6 +117,8 @@ class Proxy:
                 "X-Sidecar-Outcome": outcome,
                 "X-Sidecar-Trail": trail,
             }
+            if result.repaired:
+                report["X-Sidecar-Repaired"] = ",".join(result.repaired)
             if result.answer is not None:
                 status = result.answer.status
                 return await relay(request, result.answer, report)

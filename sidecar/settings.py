@@ -166,6 +166,7 @@ class Settings(Tuning, BaseSettings):
     upstream_max_connections: int = Field(1000, ge=0)
     max_request_bytes: int = Field(1024 * 1024 * 1024, ge=0)
     drain_timeout_ms: int = Field(20000, ge=0)
+    schema_refresh_ms: int = Field(300000, ge=1000)
     llm_base_url: AnyHttpUrl | None = None
     llm_api_key: SecretStr | None = None
     llm_model: str = "gpt-4o-mini"

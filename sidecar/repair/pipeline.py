@@ -1,0 +1,117 @@
+"""Which repair layer runs when: coercion, then the tool's suggestions, then the LLM.
+
+Each layer runs only when the one before changed nothing, and a payload already tried is
+never proposed again, so a repair can never loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sidecar.classify import Reply
+from sidecar.observe import Hooks
+from sidecar.repair.adjustments import adjust
+from sidecar.repair.coercion import coerce
+from sidecar.repair.llm import LlmRepairer, LlmRequest, Refused, check_correction
+from sidecar.repair.payload import Payload, fingerprint
+from sidecar.repair.schemas import SchemaStore
+from sidecar.settings import RepairLevel
+
+
+@dataclass(frozen=True, slots=True)
+class RepairJob:
+    """One failed attempt that calls for a repair."""
+
+    route: str
+    method: str
+    path: str
+    payload: Payload
+    reply: Reply
+    attempt: int
+    level: RepairLevel
+    intent: str | None
+    tried: Collection[str]
+    llm_allowed: bool
+    time_left_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    payload: Payload | None = None  # a new payload to send
+    layer: str | None = None  # the layer that made it
+    retry_same: bool = False  # the model judged the failure transient
+    asked_llm: bool = False
+
+
+class Repairs:
+    def __init__(self, schemas: SchemaStore, llm: LlmRepairer | None, hooks: Hooks) -> None:
+        self._schemas = schemas
+        self._llm = llm
+        self._hooks = hooks
+
+    def prepare(self, route: str, method: str, path: str, payload: Payload, level: str) -> Payload:
+        """The agent's payload coerced to the route's schema before the first attempt."""
+        schema = self._schemas.body_schema(route, method, path)
+        if level == "off" or payload.document is None or schema is None:
+            return payload
+        coerced, changed = coerce(payload.document, schema)
+        if not changed:
+            return payload
+        self._hooks.payload_repaired(route, "coercion", changed)
+        return payload.repaired(coerced, "coercion")
+
+    async def propose(self, job: RepairJob) -> Proposal:
+        document = job.payload.document
+        if job.level == "off" or document is None:
+            return Proposal()
+        schema = self._schemas.body_schema(job.route, job.method, job.path)
+        failure = job.reply.failure
+
+        if schema is not None:
+            coerced, changed = coerce(document, schema)
+            if changed and fingerprint(coerced) not in job.tried:
+                self._hooks.payload_repaired(job.route, "coercion", changed)
+                return Proposal(job.payload.repaired(coerced, "coercion"), "coercion")
+
+        if failure is not None:
+            adjusted, changed = adjust(document, failure)
+            if changed and fingerprint(adjusted) not in job.tried:
+                self._hooks.payload_repaired(job.route, "adjustment", changed)
+                return Proposal(job.payload.repaired(adjusted, "adjustment"), "adjustment")
+
+        if job.level != "auto" or self._llm is None or not job.llm_allowed:
+            return Proposal()
+        answer = await self._llm.answer(
+            LlmRequest(
+                method=job.method,
+                route=job.route,
+                path=job.path,
+                status=job.reply.status,
+                failure=failure,
+                body_text=job.reply.text,
+                payload=document,
+                schema=schema,
+                attempt=job.attempt,
+                intent=job.intent,
+            ),
+            job.time_left_s,
+        )
+        if answer is None:
+            self._hooks.repair_result(job.route, "llm", "failed")
+            return Proposal(asked_llm=True)
+        if not answer.can_fix or answer.corrected is None:
+            self._hooks.repair_result(job.route, "llm", "declined")
+            return Proposal(retry_same=answer.is_transient, asked_llm=True)
+        try:
+            check_correction(answer.corrected, document, job.tried, schema)
+        except Refused as refusal:
+            self._hooks.repair_refused(job.route, "llm", str(refusal))
+            return Proposal(asked_llm=True)
+        changed = sorted(
+            key
+            for key in answer.corrected.keys() | document.keys()
+            if answer.corrected.get(key) != document.get(key)
+        )
+        self._hooks.payload_repaired(job.route, "llm", changed)
+        return Proposal(job.payload.repaired(answer.corrected, "llm"), "llm", asked_llm=True)

@@ -1,0 +1,77 @@
+"""Secrets out of what the LLM sees, and back into what it returns.
+
+A value is secret when its field name looks secret (password, token, api_key, …), or when
+it sits inside a string as a URL query credential (``appid=…``, ``key=…``) or an HTTP
+credential (``Bearer …``). Each distinct secret becomes a stable placeholder; ``restore``
+puts the real values back wherever the model kept a placeholder.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_SECRET_NAME = re.compile(
+    r"password|passwd|passphrase|(^|[-_])pass$|secret|credential|private[-_]?key|apikey"
+    r"|(^|[-_])(api[-_]?)?key$|(^|[-_])((access|refresh|id|auth|api|bearer|session|csrf)[-_]?)?"
+    r"token$|^auth(orization)?$|cookie|session[-_]?id|signature|(^|[-_])(sig|otp|pin)$",
+    re.IGNORECASE,
+)
+_QUERY_SECRET = re.compile(
+    r"(?i)(?<![A-Za-z0-9_])((?:app_?id|api[-_]?key|key|token|access_token|auth|secret"
+    r"|password|sig|signature|client_secret)=)([^&\s#\"']+)"
+)
+_HTTP_CREDENTIAL = re.compile(r"(?i)\b(Bearer|Basic|Token)(\s+)([A-Za-z0-9._~+/=-]{6,})")
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+class Redactor:
+    """Replaces secrets with placeholders for one prompt, and restores them afterwards."""
+
+    def __init__(self) -> None:
+        self._placeholders: dict[str, str] = {}  # secret text -> placeholder
+        self._originals: dict[str, Any] = {}  # placeholder -> the value as it was
+
+    def redact(self, value: Any, name: str = "") -> Any:
+        if isinstance(value, dict):
+            return {key: self.redact(item, str(key)) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.redact(item, name) for item in value]
+        if name and is_secret_name(name) and value is not None and not isinstance(value, bool):
+            placeholder = self._placeholder(value if isinstance(value, str) else str(value))
+            self._originals.setdefault(placeholder, value)
+            return placeholder
+        if isinstance(value, str):
+            return self.redact_text(value)
+        return value
+
+    def redact_text(self, text: str) -> str:
+        """Credentials inside free text (a URL, an error message) replaced."""
+        text = _QUERY_SECRET.sub(lambda m: m.group(1) + self._placeholder(m.group(2)), text)
+        return _HTTP_CREDENTIAL.sub(
+            lambda m: m.group(1) + m.group(2) + self._placeholder(m.group(3)), text
+        )
+
+    def restore(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: self.restore(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.restore(item) for item in value]
+        if isinstance(value, str):
+            if value in self._originals:
+                return self._originals[value]
+            for secret, placeholder in self._placeholders.items():
+                value = value.replace(placeholder, secret)
+        return value
+
+    @property
+    def secrets(self) -> frozenset[str]:
+        return frozenset(self._placeholders)
+
+    def _placeholder(self, secret: str) -> str:
+        if secret not in self._placeholders:
+            self._placeholders[secret] = f"<redacted-{len(self._placeholders) + 1}>"
+        return self._placeholders[secret]
