@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -158,3 +159,68 @@ def unused_port() -> int:
 
 def base_url(url: str | URL) -> str:
     return str(URL(str(url)).origin())
+
+
+@dataclass
+class Llm:
+    """An OpenAI-compatible endpoint on loopback, answering from a script."""
+
+    server: TestServer
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        return str(self.server.make_url("/v1"))
+
+    def prompt(self, index: int = -1) -> dict[str, Any]:
+        """The user message of a recorded request, as the JSON document it is."""
+        return orjson.loads(self.requests[index]["messages"][-1]["content"])
+
+
+def completion(content: str, prompt_tokens: int = 120, completion_tokens: int = 30) -> web.Response:
+    return web.json_response(
+        {
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "test-model",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+    )
+
+
+@pytest.fixture
+def make_llm(aiohttp_server: Any) -> Callable[..., Awaitable[Llm]]:
+    """``make_llm(answer, ...)``: the n-th call gets the n-th answer (the last repeats).
+
+    An answer is a dict (sent as the model's JSON content), a str (sent as content as it
+    is), or a callable returning a ``web.Response`` (errors, stalls).
+    """
+
+    async def make(*answers: Any) -> Llm:
+        llm: Llm
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            llm.requests.append(await request.json())
+            answer = answers[min(len(llm.requests), len(answers)) - 1]
+            if callable(answer):
+                return await answer()
+            return completion(answer if isinstance(answer, str) else orjson.dumps(answer).decode())
+
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        llm = Llm(await aiohttp_server(app))
+        return llm
+
+    return make
