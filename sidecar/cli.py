@@ -1,4 +1,4 @@
-"""Command line: ``serve`` (the default) and ``check-config``."""
+"""Command line: ``serve`` (the default), ``demo`` and ``check-config``."""
 
 from __future__ import annotations
 
@@ -6,14 +6,17 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
 
 from sidecar import __version__
+from sidecar.demo.run import DEMO_SETTINGS, run_demo
 from sidecar.observe import configure_logging
 from sidecar.server import serve
 from sidecar.settings import ConfigError, Settings, load_settings, masked
 
 EXIT_CONFIG_ERROR = 2
+_T = TypeVar("_T")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +36,17 @@ def _parser() -> argparse.ArgumentParser:
         command.add_argument("--port", type=int, metavar="N", help="proxy port")
         command.add_argument("--admin-port", type=int, metavar="N", help="admin port")
         command.add_argument("--config", metavar="FILE", help="YAML file with routes and settings")
+    demo = commands.add_parser(
+        "demo",
+        help="show every recovery path against a bundled flaky tool",
+        description="Start a bundled flaky weather tool and a sidecar in front of it on "
+        "loopback, play a scripted agent through each failure, and print what happened.",
+    )
+    demo.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave the tool and the sidecar up afterwards and print curl lines to try",
+    )
     return parser
 
 
@@ -45,19 +59,25 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-def _run(settings: Settings) -> None:
-    configure_logging(settings.log_level, settings.log_format)
+def _run(main: Coroutine[Any, Any, _T]) -> _T:
+    """Run ``main`` on uvloop when it is installed, else on asyncio's own loop."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(serve(settings))
-        return
+        return asyncio.run(main)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(serve(settings))
+        return runner.run(main)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "demo":
+        configure_logging(DEMO_SETTINGS["log_level"], "console")
+        try:
+            return _run(run_demo(sys.stdout, keep_running=args.keep_running))
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return EXIT_CONFIG_ERROR
     try:
         settings = _settings(args)
     except ConfigError as exc:
@@ -66,5 +86,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "check-config":
         print(json.dumps(masked(settings), indent=2, sort_keys=True))
         return 0
-    _run(settings)
+    configure_logging(settings.log_level, settings.log_format)
+    _run(serve(settings))
     return 0

@@ -1,0 +1,114 @@
+"""The README's first command: the demo plays every scenario and leaves nothing running."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import aiohttp
+import pytest
+
+from sidecar.demo.run import SCENARIOS, run_demo
+from sidecar.demo.tool import KNOWN_CITIES
+
+
+def scenario_blocks(output: str) -> dict[int, str]:
+    blocks = re.split(r"\n(?=\d\. )", output)
+    return {int(block[0]): block for block in blocks if block[:1].isdigit()}
+
+
+async def test_demo_with_a_model_recovers_every_scenario(make_llm):
+    city = next(name for name in KNOWN_CITIES if name.startswith("Flower Mound"))
+    llm = await make_llm(
+        {
+            "can_fix": True,
+            "analysis": "the tool wants City, State, Country",
+            "corrected_payload": {"location": city, "units": "metric"},
+            "is_transient": False,
+        }
+    )
+    out = io.StringIO()
+
+    exit_code = await run_demo(out, settings_overrides={"llm_base_url": llm.base_url})
+
+    output = out.getvalue()
+    assert exit_code == 0, output
+    blocks = scenario_blocks(output)
+    assert len(blocks) == len(SCENARIOS) == 6
+    assert "503 backoff=" in blocks[1] and "agent got    200 (recovered)" in blocks[1]
+    assert "429 retry_after=1s, 200" in blocks[2]
+    assert "repaired by coercion" in blocks[3] and '"lat":35.6' in blocks[3]
+    assert "400 repair=adjustment, 200" in blocks[4]
+    assert "404 repair=llm, 200" in blocks[5] and "repaired by llm" in blocks[5]
+    assert "agent got    401 (not-retryable)" in blocks[6]
+    assert "sidecar_retries_total{reason=server_error}" in output
+    assert "sidecar_llm_requests_total{result=ok}" in output
+    assert len(llm.requests) == 1
+    sidecar_url = re.search(r"sidecar at (http://\S+)", output).group(1)
+    async with aiohttp.ClientSession() as session:
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await session.get(sidecar_url)
+
+
+def test_demo_command_without_a_model_says_so_and_exits_0():
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("SIDECAR_", "OPENAI_", "GOMIND_"))
+    }
+
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecar", "demo"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    blocks = scenario_blocks(result.stdout)
+    assert "this scenario needs an LLM" in blocks[5]
+    assert "agent got    404 (not-retryable)" in blocks[5]
+    assert "LOCATION_NOT_FOUND" in blocks[5]
+    assert "Summary, from the sidecar's /metrics:" in result.stdout
+    assert result.stderr == ""
+
+
+async def test_keep_running_serves_until_sigterm():
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(("SIDECAR_", "OPENAI_", "GOMIND_"))
+    }
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "sidecar",
+        "demo",
+        "--keep-running",
+        stdout=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        lines = []
+        while not lines or "Ctrl-C to stop" not in lines[-1]:
+            line = await asyncio.wait_for(process.stdout.readline(), timeout=30)
+            assert line, "".join(lines)
+            lines.append(line.decode())
+        sidecar_url = re.search(r"sidecar at (http://\S+)", "".join(lines)).group(1)
+        async with aiohttp.ClientSession() as session, session.post(
+            f"{sidecar_url}/weather/point", json={"lat": "1.5", "lon": "2"}
+        ) as response:
+            assert response.status == 200
+            assert response.headers["X-Sidecar-Repaired"] == "coercion"
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
