@@ -205,7 +205,6 @@ class Engine:
             if payload is None:
                 return stop(Stop.NOT_RETRYABLE, attempt, "stop=not_replayable")
 
-            retry_same = verdict.action is Action.RETRY
             if verdict.action is Action.REPAIR:
                 assert attempt.reply is not None
                 proposal = await self._repairs.propose(
@@ -240,9 +239,8 @@ class Engine:
                     continue
                 if not proposal.retry_same:
                     return stop(Stop.NOT_RETRYABLE, attempt, "repair=none")
-                retry_same = True
 
-            assert retry_same
+            # The same payload again, after a wait.
             plan = plan_wait(
                 retries_done=retries,
                 limits=limits,
