@@ -101,9 +101,12 @@ async def test_keep_running_serves_until_sigterm():
             assert line, "".join(lines)
             lines.append(line.decode())
         sidecar_url = re.search(r"sidecar at (http://\S+)", "".join(lines)).group(1)
-        async with aiohttp.ClientSession() as session, session.post(
-            f"{sidecar_url}/weather/point", json={"lat": "1.5", "lon": "2"}
-        ) as response:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                f"{sidecar_url}/weather/point", json={"lat": "1.5", "lon": "2"}
+            ) as response,
+        ):
             assert response.status == 200
             assert response.headers["X-Sidecar-Repaired"] == "coercion"
         process.send_signal(signal.SIGTERM)
