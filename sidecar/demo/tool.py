@@ -16,6 +16,7 @@ Every request is recorded so the demo can show what the tool saw at each attempt
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -246,3 +247,17 @@ OPENAPI: dict[str, Any] = {
         "/weather/alerts": {"get": {}},
     },
 }
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the demo tool alone: the example workload of the Helm chart and compose file."""
+    parser = argparse.ArgumentParser(prog="python -m sidecar.demo.tool", description=main.__doc__)
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=8080)
+    args = parser.parse_args(argv)
+    app, _ = create_tool_app()
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+# syntax=docker/dockerfile:1
+# Build a wheel in one stage; install only the wheel and its dependencies in the final one.
+FROM python:3.11-slim AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY sidecar ./sidecar
+RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+
+FROM python:3.11-slim
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl \
+    && rm -rf /wheels \
+    && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin sidecar
+USER 10001
+EXPOSE 8090 9464
+HEALTHCHECK --interval=10s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('SIDECAR_ADMIN_PORT', '9464'), timeout=2)"]
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["tool-retry-sidecar", "serve"]
