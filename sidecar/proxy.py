@@ -16,7 +16,7 @@ from sidecar.controls import request_controls
 from sidecar.engine import Engine
 from sidecar.observe import UNMATCHED_ROUTE, Hooks
 from sidecar.repair.payload import Payload
-from sidecar.routing import RouteTable, Target
+from sidecar.routing import RouteTable, Target, has_dot_segment
 from sidecar.upstream import (
     Answer,
     UpstreamRequest,
@@ -63,6 +63,8 @@ class Proxy:
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+        if has_dot_segment(request.raw_path):
+            raise web.HTTPBadRequest(text="path has a '.' or '..' segment")
         target = self._routes.match(request.raw_path)
         if target is None:
             with structlog.contextvars.bound_contextvars(request_id=request_id):

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from yarl import URL
 
 from sidecar.settings import RouteConfig
+
+# A "." or ".." path segment, also percent-encoded: resolved by the tool, it could climb out
+# of the route's prefix or the upstream's base path.
+_DOT_SEGMENT = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)", re.IGNORECASE)
+
+
+def has_dot_segment(raw_target: str) -> bool:
+    """Whether the path part of ``raw_target`` has a ``.`` or ``..`` segment."""
+    path = raw_target.partition("?")[0]
+    return bool(_DOT_SEGMENT.search(path.replace("%2f", "/").replace("%2F", "/")))
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,3 +149,43 @@ async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server)
     assert events[0] == "sidecar_started"
     assert events[-2:] == ["shutdown_started", "sidecar_stopped"]
     assert all(line.startswith("{") for line in sidecar.lines)
+
+
+@pytest.mark.slow
+async def test_sigterm_with_fifty_requests_in_flight_answers_them_all(aiohttp_server):
+    arrived = 0
+    all_arrived = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.Response:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 50:
+            all_arrived.set()
+        await asyncio.sleep(1.0)
+        return web.json_response({"n": arrived})
+
+    app = web.Application()
+    app.router.add_post("/slow", slow)
+    tool = await aiohttp_server(app)
+    sidecar = await start_sidecar(str(tool.make_url("/")))
+    exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
+    try:
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as agent:
+
+            async def call() -> int:
+                async with agent.post(f"{sidecar.proxy}/slow", json={}) as response:
+                    await response.read()
+                    return response.status
+
+            calls = [asyncio.create_task(call()) for _ in range(50)]
+            await asyncio.wait_for(all_arrived.wait(), timeout=10)
+            sidecar.process.send_signal(signal.SIGTERM)
+            statuses = await asyncio.wait_for(asyncio.gather(*calls), timeout=10)
+
+        assert statuses == [200] * 50
+        assert await asyncio.wait_for(exit_code, timeout=10) == 0
+    finally:
+        if sidecar.process.returncode is None:
+            sidecar.process.kill()
+            await sidecar.process.wait()

@@ -161,6 +161,8 @@ class LlmRepairer:
 
 
 def _prompt(request: LlmRequest, redactor: Redactor) -> str:
+    # The payload first: the secrets it holds are then also found where the tool echoed them.
+    failed_payload = redactor.redact(request.payload)
     failure = request.failure
     if failure is not None:
         error: dict[str, Any] = {
@@ -174,7 +176,7 @@ def _prompt(request: LlmRequest, redactor: Redactor) -> str:
     document = {
         "call": {"method": request.method, "route": request.route, "path": request.path},
         "tool_answer": {"status": request.status, "error": error},
-        "failed_payload": redactor.redact(request.payload),
+        "failed_payload": failed_payload,
         "payload_schema": request.schema,
         "attempt": request.attempt,
         "user_intent": redactor.redact_text(request.intent) if request.intent else None,

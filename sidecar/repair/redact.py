@@ -21,6 +21,8 @@ _QUERY_SECRET = re.compile(
     r"(?i)(?<![A-Za-z0-9_])((?:app_?id|api[-_]?key|key|token|access_token|auth|secret"
     r"|password|sig|signature|client_secret)=)([^&\s#\"']+)"
 )
+# Shorter secret values (a 4-digit PIN) would match ordinary text far too often.
+_MIN_ECHOED_SECRET = 6
 _HTTP_CREDENTIAL = re.compile(r"(?i)\b(Bearer|Basic|Token)(\s+)([A-Za-z0-9._~+/=-]{6,})")
 
 
@@ -49,11 +51,20 @@ class Redactor:
         return value
 
     def redact_text(self, text: str) -> str:
-        """Credentials inside free text (a URL, an error message) replaced."""
+        """Credentials inside free text (a URL, an error message) replaced.
+
+        Besides the credential patterns, every secret already seen is replaced wherever it
+        appears: a tool that echoes the payload's API key in its error message must not
+        carry it into the prompt.
+        """
         text = _QUERY_SECRET.sub(lambda m: m.group(1) + self._placeholder(m.group(2)), text)
-        return _HTTP_CREDENTIAL.sub(
+        text = _HTTP_CREDENTIAL.sub(
             lambda m: m.group(1) + m.group(2) + self._placeholder(m.group(3)), text
         )
+        for secret, placeholder in self._placeholders.items():
+            if len(secret) >= _MIN_ECHOED_SECRET:
+                text = text.replace(secret, placeholder)
+        return text
 
     def restore(self, value: Any) -> Any:
         if isinstance(value, dict):
