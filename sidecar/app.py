@@ -6,8 +6,8 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import openai
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
@@ -20,6 +20,9 @@ from sidecar.repair.schemas import SchemaStore
 from sidecar.routing import RouteTable
 from sidecar.settings import Settings, resolve_routes
 from sidecar.upstream import create_session
+
+if TYPE_CHECKING:
+    import openai
 
 
 @dataclass(slots=True)
@@ -117,9 +120,12 @@ def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
     """The process's one OpenAI-compatible client, when an endpoint or key is configured.
 
     Built with ``max_retries=0``: the sidecar's own loop is the only retry there is.
+    ``openai`` is imported only then: it alone would double the sidecar's memory.
     """
     if settings.llm_base_url is None and settings.llm_api_key is None:
         return None
+    import openai
+
     return openai.AsyncOpenAI(
         base_url=str(settings.llm_base_url) if settings.llm_base_url else None,
         # Local OpenAI-compatible servers need no key; the client insists on one.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
@@ -22,6 +21,7 @@ from sidecar.classify import Action, Reply, Verdict, classify
 from sidecar.controls import RequestControls
 from sidecar.envelopes import inspect
 from sidecar.errors import AttemptError
+from sidecar.ids import idempotency_key
 from sidecar.observe import Hooks
 from sidecar.policy import Backoff, Limits, Stop, Wait, plan_wait
 from sidecar.repair.payload import Payload
@@ -136,8 +136,8 @@ class Engine:
                 self._hooks.repair_result(route.name, "coercion", "applied")
         elif own_key:
             request = replace(request, headers=request.headers.copy())
-            request.headers[own_key] = str(uuid.uuid4())
-        tried = {payload.fingerprint} if payload is not None else set()
+            request.headers[own_key] = idempotency_key()
+        sent_payloads = [payload] if payload is not None else []
         # The layer whose payload is being sent and whose first answer is not yet judged.
         unjudged_layer = payload.layers[-1] if payload is not None and payload.layers else None
         llm_repairs_left = tuning.llm_max_repairs
@@ -217,7 +217,7 @@ class Engine:
                         attempt=attempt_number,
                         level=controls.repair,
                         intent=controls.intent,
-                        tried=tried,
+                        tried={sent.fingerprint for sent in sent_payloads},
                         llm_allowed=llm_repairs_left > 0,
                         time_left_s=deadline - self._clock(),
                     )
@@ -233,7 +233,7 @@ class Engine:
                     trail.append(f"{attempt.label} repair={proposal.layer}")
                     payload = proposal.payload
                     unjudged_layer = proposal.layer
-                    tried.add(payload.fingerprint)
+                    sent_payloads.append(payload)
                     request = _sending(request, payload, own_key)
                     retries += 1
                     continue
@@ -320,7 +320,7 @@ def _sending(request: UpstreamRequest, payload: Payload, key_header: str) -> Ups
     headers = request.headers
     if key_header:
         headers = headers.copy()
-        headers[key_header] = str(uuid.uuid4())
+        headers[key_header] = idempotency_key()
     return replace(request, headers=headers, body=payload.body)
 
 

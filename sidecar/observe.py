@@ -167,6 +167,31 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
 GAVE_UP = frozenset({"exhausted", "unreachable", "budget-exhausted", "deadline"})
 
 
+# Methods an agent can send are unbounded tokens; only these become label values.
+KNOWN_METHODS = frozenset(
+    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
+)
+
+
+def method_label(method: str) -> str:
+    return method if method in KNOWN_METHODS else "OTHER"
+
+
+class _Children:
+    """Labelled metric children, built once: ``labels()`` takes a lock and checks its input
+    on every call, which the hot path should not pay for the same few label sets."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def __call__(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), values)
+        child = self._cache.get(key)
+        if child is None:
+            child = self._cache[key] = metric.labels(*values)
+        return child
+
+
 class Hooks:
     """What each stage of a request records. One instance per app."""
 
@@ -174,10 +199,11 @@ class Hooks:
         self.metrics = metrics
         self.log = structlog.get_logger("sidecar")
         self._access_log = access_log
+        self._child = _Children()
 
     def request_received(self, route: str, method: str) -> None:
         """A request was matched to ``route``: it is now in flight."""
-        self.metrics.in_flight.labels(route=route).inc()
+        self._child(self.metrics.in_flight, route).inc()
         self.log.debug("request_received", route=route, method=method)
 
     def attempt_finished(
@@ -191,8 +217,8 @@ class Hooks:
         """One upstream attempt ended; ``label`` is its status code or its error kind."""
         status = _status_of(label)
         status_label = label if status else "error"
-        self.metrics.upstream_attempts.labels(route=route, status=status_label).inc()
-        self.metrics.upstream_duration.labels(route=route).observe(duration_s)
+        self._child(self.metrics.upstream_attempts, route, status_label).inc()
+        self._child(self.metrics.upstream_duration, route).observe(duration_s)
         outcome = {"status": status} if status else {"reason": label}
         self.log.debug(
             "upstream_attempt",
@@ -213,8 +239,8 @@ class Hooks:
         failure: ToolFailure | None,
     ) -> None:
         """A retry will follow attempt ``attempt`` after ``wait``."""
-        self.metrics.retries.labels(route=route, reason=reason).inc()
-        self.metrics.retry_wait.labels(route=route, source=wait.source).observe(wait.seconds)
+        self._child(self.metrics.retries, route, reason).inc()
+        self._child(self.metrics.retry_wait, route, wait.source).observe(wait.seconds)
         self.log.info(
             "retry_scheduled",
             route=route,
@@ -228,8 +254,8 @@ class Hooks:
 
     def repaired_retry(self, route: str, attempt: int, label: str, layer: str) -> None:
         """A repaired payload will be sent right away after attempt ``attempt``."""
-        self.metrics.retries.labels(route=route, reason="repaired").inc()
-        self.metrics.repairs.labels(route=route, layer=layer, result="applied").inc()
+        self._child(self.metrics.retries, route, "repaired").inc()
+        self._child(self.metrics.repairs, route, layer, "applied").inc()
         self.log.info(
             "retry_scheduled",
             route=route,
@@ -246,11 +272,11 @@ class Hooks:
 
     def repair_result(self, route: str, layer: str, result: str) -> None:
         """A layer's work ended: ``succeeded``/``failed`` (its payload's answer), ``declined``."""
-        self.metrics.repairs.labels(route=route, layer=layer, result=result).inc()
+        self._child(self.metrics.repairs, route, layer, result).inc()
 
     def repair_refused(self, route: str, layer: str, why: str) -> None:
         """A layer's proposal broke a guardrail and was not sent."""
-        self.metrics.repairs.labels(route=route, layer=layer, result="failed").inc()
+        self._child(self.metrics.repairs, route, layer, "failed").inc()
         self.log.info("repair_refused", route=route, layer=layer, reason=why)
 
     def llm_request(
@@ -262,13 +288,13 @@ class Hooks:
         completion_tokens: int = 0,
     ) -> None:
         """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``."""
-        self.metrics.llm_requests.labels(result=result).inc()
+        self._child(self.metrics.llm_requests, result).inc()
         if duration_s is not None:
             self.metrics.llm_duration.observe(duration_s)
         if prompt_tokens:
-            self.metrics.llm_tokens.labels(kind="prompt").inc(prompt_tokens)
+            self._child(self.metrics.llm_tokens, "prompt").inc(prompt_tokens)
         if completion_tokens:
-            self.metrics.llm_tokens.labels(kind="completion").inc(completion_tokens)
+            self._child(self.metrics.llm_tokens, "completion").inc(completion_tokens)
         if result != "ok":
             self.log.warning("llm_request_failed", result=result)
 
@@ -278,11 +304,11 @@ class Hooks:
 
     def budget_exhausted(self, route: str) -> None:
         """A retry was refused: the route's retry budget is spent."""
-        self.metrics.budget_exhausted.labels(route=route).inc()
+        self._child(self.metrics.budget_exhausted, route).inc()
 
     def circuit_state(self, route: str, state: int) -> None:
         """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open)."""
-        self.metrics.circuit_state.labels(route=route).set(state)
+        self._child(self.metrics.circuit_state, route).set(state)
 
     def request_finished(
         self,
@@ -298,9 +324,9 @@ class Hooks:
     ) -> None:
         """The answer's headers went to the agent (or the agent went away)."""
         if matched:
-            self.metrics.in_flight.labels(route=route).dec()
-        self.metrics.requests.labels(route=route, method=method, outcome=outcome).inc()
-        self.metrics.request_duration.labels(route=route, outcome=outcome).observe(duration_s)
+            self._child(self.metrics.in_flight, route).dec()
+        self._child(self.metrics.requests, route, method_label(method), outcome).inc()
+        self._child(self.metrics.request_duration, route, outcome).observe(duration_s)
         fields = {
             "route": route,
             "method": method,

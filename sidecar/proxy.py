@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 
@@ -11,7 +10,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from sidecar import errors
+from sidecar import errors, ids
 from sidecar.controls import request_controls
 from sidecar.engine import Engine
 from sidecar.observe import UNMATCHED_ROUTE, Hooks
@@ -62,7 +61,7 @@ class Proxy:
         self._max_request_bytes = max_request_bytes
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        request_id = request.headers.get("X-Request-ID") or uuid.uuid4().hex
+        request_id = request.headers.get("X-Request-ID") or ids.request_id()
         if has_dot_segment(request.raw_path):
             raise web.HTTPBadRequest(text="path has a '.' or '..' segment")
         target = self._routes.match(request.raw_path)
@@ -111,7 +110,7 @@ class Proxy:
                     body=body.chunks() if isinstance(body, _StreamedBody) else body,
                 ),
                 request_controls(route.tuning, request.headers),
-                None if isinstance(body, _StreamedBody) else Payload.of(body),
+                None if isinstance(body, _StreamedBody) else Payload(body),
             )
             outcome, attempts, trail = result.outcome, result.attempts, ", ".join(result.trail)
             report = {
@@ -184,11 +183,16 @@ async def relay(
     """
     headers = end_to_end_headers(answer.response.headers)
     headers.update(extra_headers)
+    if answer.complete:
+        # Headers and body leave in one write; aiohttp sets the length from the body.
+        answer.discard()
+        headers.popall("Content-Length", None)
+        return web.Response(
+            status=answer.status, reason=answer.response.reason, headers=headers, body=answer.body
+        )
     response = web.StreamResponse(
         status=answer.status, reason=answer.response.reason, headers=headers
     )
-    if answer.complete:
-        response.content_length = len(answer.body)
     try:
         await response.prepare(request)
         if answer.body:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import AsyncIterable, Iterable
+from collections.abc import AsyncIterable
 from dataclasses import dataclass
 
 import aiohttp
@@ -65,13 +65,23 @@ def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set
 
 
 def end_to_end_headers(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str], also_drop: Iterable[str] = ()
+    headers: CIMultiDictProxy[str] | CIMultiDict[str],
+    also_drop: frozenset[str] = frozenset(),
+    *,
+    drop_control: bool = False,
 ) -> CIMultiDict[str]:
-    """A copy without hop-by-hop fields (and without ``also_drop``, lower-case names)."""
-    dropped = HOP_BY_HOP | _connection_tokens(headers) | frozenset(also_drop)
-    return CIMultiDict(
-        (name, value) for name, value in headers.items() if name.lower() not in dropped
-    )
+    """A copy without hop-by-hop fields, ``also_drop`` (lower-case names) and, when asked,
+    the ``X-Sidecar-*`` control headers. One pass: this runs twice per request."""
+    dropped = HOP_BY_HOP | also_drop
+    if "Connection" in headers:
+        dropped = dropped | _connection_tokens(headers)
+    kept: CIMultiDict[str] = CIMultiDict()
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in dropped or (drop_control and lower.startswith(CONTROL_HEADER_PREFIX)):
+            continue
+        kept.add(name, value)
+    return kept
 
 
 def undeliverable_header(headers: CIMultiDictProxy[str]) -> str | None:
@@ -97,9 +107,7 @@ def upstream_request_headers(
     request_id: str,
 ) -> CIMultiDict[str]:
     """What the tool receives: the agent's end-to-end headers plus the X-Forwarded-* set."""
-    headers = end_to_end_headers(incoming, _NOT_FORWARDED_UPSTREAM)
-    for name in [name for name in headers if name.lower().startswith(CONTROL_HEADER_PREFIX)]:
-        del headers[name]
+    headers = end_to_end_headers(incoming, _NOT_FORWARDED_UPSTREAM, drop_control=True)
     if client_address:
         previous = incoming.get("X-Forwarded-For")
         headers["X-Forwarded-For"] = f"{previous}, {client_address}" if previous else client_address

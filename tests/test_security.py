@@ -275,3 +275,20 @@ def test_any_config_file_loads_or_fails_with_one_clean_line(tmp_path: Path, docu
         message = str(exc)
         assert "\n" not in message
         assert message.startswith(("configuration error: ", "config_file: "))
+
+
+async def test_unknown_methods_share_one_label(make_tool, make_sidecar):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    for method in ("FOO", "BAR1", "PURGE", "GET"):
+        await (await sidecar.client.request(method, "/x")).read()
+
+    methods = {
+        sample.labels["method"]
+        for family in sidecar.registry.collect()
+        for sample in family.samples
+        if "method" in sample.labels
+    }
+    assert methods == {"OTHER", "GET"}
+    assert [seen.method for seen in tool.seen] == ["FOO", "BAR1", "PURGE", "GET"]

@@ -17,10 +17,8 @@ import asyncio
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema
-import openai
 import orjson
 
 from sidecar.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
@@ -28,6 +26,9 @@ from sidecar.observe import Hooks
 from sidecar.repair.cache import TtlLru
 from sidecar.repair.payload import fingerprint
 from sidecar.repair.redact import Redactor
+
+if TYPE_CHECKING:
+    import openai
 
 MAX_GROWTH = 4
 _CACHE_ENTRIES = 1024
@@ -121,6 +122,8 @@ class LlmRepairer:
         return answer
 
     async def _complete(self, messages: list[dict[str, str]], time_left_s: float) -> str | None:
+        import openai  # loaded with the client; see ``app.llm_client_for``
+
         started = time.monotonic()
         result = "ok"
         usage = None
@@ -213,6 +216,8 @@ def check_correction(
     if len(orjson.dumps(corrected, default=str)) > MAX_GROWTH * max(len(orjson.dumps(original)), 1):
         raise Refused("more than four times larger than the original")
     if schema:
+        import jsonschema  # only a model's proposal is ever validated
+
         try:
             jsonschema.validate(corrected, schema)
         except jsonschema.ValidationError:

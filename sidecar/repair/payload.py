@@ -3,37 +3,42 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import orjson
 
 
-@dataclass(frozen=True, slots=True)
 class Payload:
-    """A body that was or will be sent; ``layers`` says which repairs made it."""
+    """A body that was or will be sent; ``layers`` says which repairs made it.
 
-    body: bytes
-    document: dict[str, Any] | None
-    layers: tuple[str, ...] = ()
+    The JSON is parsed only when a repair layer asks for it: most calls never need it.
+    """
 
-    @classmethod
-    def of(cls, body: bytes) -> Payload:
-        """The agent's body; ``document`` is set only when it is a JSON object."""
-        document = None
-        if body.lstrip()[:1] == b"{":
-            try:
-                parsed = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                parsed = None
-            document = parsed if isinstance(parsed, dict) else None
-        return cls(body, document)
+    def __init__(
+        self, body: bytes, document: dict[str, Any] | None = None, layers: tuple[str, ...] = ()
+    ) -> None:
+        self.body = body
+        self.layers = layers
+        if document is not None:
+            self.document = document
+
+    @cached_property
+    def document(self) -> dict[str, Any] | None:
+        """The body's JSON object, or ``None`` when the body is not one."""
+        if self.body.lstrip()[:1] != b"{":
+            return None
+        try:
+            parsed = orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            return None
+        return parsed if isinstance(parsed, dict) else None
 
     def repaired(self, document: dict[str, Any], layer: str) -> Payload:
         layers = self.layers if layer in self.layers else (*self.layers, layer)
         return Payload(orjson.dumps(document), document, layers)
 
-    @property
+    @cached_property
     def fingerprint(self) -> str:
         """Equal for payloads that mean the same JSON, whatever their key order."""
         if self.document is None:

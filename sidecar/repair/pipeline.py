@@ -52,8 +52,10 @@ class Repairs:
 
     def prepare(self, route: str, method: str, path: str, payload: Payload, level: str) -> Payload:
         """The agent's payload coerced to the route's schema before the first attempt."""
+        if level == "off":
+            return payload
         schema = self._schemas.body_schema(route, method, path)
-        if level == "off" or payload.document is None or schema is None:
+        if schema is None or payload.document is None:
             return payload
         coerced, changed = coerce(payload.document, schema)
         if not changed:
