@@ -84,6 +84,13 @@ class Bench:
         self.running.append(running)
         return running
 
+    def check_alive(self) -> None:
+        """Stop with the process's own words if anything we started has died."""
+        for running in self.running:
+            if running.process.poll() is not None:
+                errors = (self.workdir / f"{running.name}.err").read_text(errors="replace")
+                raise RuntimeError(f"{running.name} exited: {errors[-2000:]}")
+
     def stop_all(self) -> None:
         for running in reversed(self.running):
             running.stop()
@@ -137,7 +144,30 @@ def nginx_config(workdir: Path, name: str, body: str) -> Path:
     return path
 
 
+def all_ports() -> list[int]:
+    return [
+        *PORTS.values(),
+        SIDECAR_ADMIN,
+        SLOW_UPSTREAM,
+        *SLOW_PORTS.values(),
+        SLOW_PORTS["sidecar"] + 100,
+        FLAKY_UPSTREAM,
+        FLAKY_SIDECAR,
+        FLAKY_ADMIN,
+    ]
+
+
+def ensure_ports_free() -> None:
+    import socket
+
+    for port in all_ports():
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                raise RuntimeError(f"127.0.0.1:{port} is in use: stop what listens there first")
+
+
 def start_everything(bench: Bench) -> None:
+    ensure_ports_free()
     workdir = bench.workdir
     upstream = nginx_config(
         workdir,
