@@ -21,6 +21,4 @@ def idempotency_key() -> str:
     """A version-4 UUID string."""
     digits = f"{_random.getrandbits(128):032x}"
     variant = "89ab"[int(digits[16], 16) & 3]
-    return (
-        f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
-    )
+    return f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{variant}{digits[17:20]}-{digits[20:]}"
