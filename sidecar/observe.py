@@ -282,15 +282,14 @@ class Hooks:
     def llm_request(
         self,
         result: str,
-        duration_s: float | None = None,
+        duration_s: float,
         *,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
     ) -> None:
         """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``."""
         self._child(self.metrics.llm_requests, result).inc()
-        if duration_s is not None:
-            self.metrics.llm_duration.observe(duration_s)
+        self.metrics.llm_duration.observe(duration_s)
         if prompt_tokens:
             self._child(self.metrics.llm_tokens, "prompt").inc(prompt_tokens)
         if completion_tokens:

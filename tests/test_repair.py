@@ -548,6 +548,11 @@ async def test_every_refusal_returns_the_tools_real_answer_byte_identical(
     assert "X-Sidecar-Repaired" not in response.headers
     assert len(tool.seen) == 2  # the direct call above, and the agent's one attempt
     assert sidecar.metric("sidecar_llm_requests_total", result=llm_result) == 1
+    calls = sum(
+        sidecar.metric("sidecar_llm_requests_total", result=result)
+        for result in ("ok", "error", "timeout", "invalid")
+    )
+    assert calls == 1, "one model call is counted once"
 
 
 async def test_an_instruction_injected_by_the_tool_is_only_ever_data(

@@ -110,23 +110,32 @@ class LlmRepairer:
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": _prompt(request, redactor)},
         ]
-        content = await self._complete(messages, time_left_s)
-        if content is None:
-            return None
-        try:
-            answer = _parse(content, redactor)
-        except Refused:
-            self._hooks.llm_request("invalid")
-            return None
-        self._cache.put(cache_key, answer)
+        started = time.monotonic()
+        result, content, usage = await self._complete(messages, time_left_s)
+        answer = None
+        if content is not None:
+            try:
+                answer = _parse(content, redactor)
+            except Refused:
+                result = "invalid"
+        # One count per call, and its tokens even when the answer was unusable: they were paid.
+        self._hooks.llm_request(
+            result,
+            time.monotonic() - started,
+            prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
+            completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+        )
+        if answer is not None:
+            self._cache.put(cache_key, answer)
         return answer
 
-    async def _complete(self, messages: list[dict[str, str]], time_left_s: float) -> str | None:
+    async def _complete(
+        self, messages: list[dict[str, str]], time_left_s: float
+    ) -> tuple[str, str | None, Any]:
+        """One chat completion: its result (``ok``, ``error``, ``timeout``, ``invalid``),
+        its content when there is one, and the usage it reported."""
         import openai  # loaded with the client; see ``app.llm_client_for``
 
-        started = time.monotonic()
-        result = "ok"
-        usage = None
         try:
             async with asyncio.timeout(time_left_s):
                 async with self._slots:
@@ -136,31 +145,16 @@ class LlmRepairer:
                         temperature=0.1,
                         response_format={"type": "json_object"},
                     )
-            usage = completion.usage
             content = completion.choices[0].message.content
-            if not isinstance(content, str):
-                result = "invalid"
-                return None
-            return content
         except (TimeoutError, openai.APITimeoutError):
-            result = "timeout"
-            return None
+            return "timeout", None, None
         except openai.OpenAIError:
-            result = "error"
-            return None
+            return "error", None, None
         except (AttributeError, IndexError, TypeError, ValueError):
-            result = "invalid"  # a server that does not speak the chat completions shape
-            return None
-        finally:
-            if result != "ok":
-                self._hooks.llm_request(result, time.monotonic() - started)
-            else:
-                self._hooks.llm_request(
-                    "ok",
-                    time.monotonic() - started,
-                    prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
-                    completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
-                )
+            return "invalid", None, None  # a server that does not speak chat completions
+        if not isinstance(content, str):
+            return "invalid", None, completion.usage
+        return "ok", content, completion.usage
 
 
 def _prompt(request: LlmRequest, redactor: Redactor) -> str:
