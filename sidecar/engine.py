@@ -325,6 +325,5 @@ def _sending(request: UpstreamRequest, payload: Payload, key_header: str) -> Ups
 
 
 def _seconds(value: float) -> str:
-    """Short seconds for the trail: ``0.8s``, ``2s``, ``0.05s``."""
-    text = f"{value:.2f}".rstrip("0").rstrip(".")
-    return f"{text}s"
+    """Short seconds for the trail, three significant digits: ``0.8s``, ``2s``, ``0.0163s``."""
+    return f"{value:.3g}s"
