@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from aiohttp import web
 
 from sidecar.app import create_admin_app
+from tests.rawhttp import raw_exchange
 
 
 async def ok(request: web.Request) -> web.Response:
@@ -33,16 +32,6 @@ async def test_metrics_and_health_endpoints(make_tool, make_sidecar, aiohttp_cli
     assert "_created" not in text
     assert health.status == 200
     assert ready.status == 503, "not ready until the server has bound its port"
-
-
-async def raw_exchange(port: int, request: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(request)
-    await writer.drain()
-    try:
-        return await asyncio.wait_for(reader.read(65536), timeout=5)
-    finally:
-        writer.close()
 
 
 async def test_malformed_request_line_gets_400(make_tool, make_sidecar):

@@ -10,18 +10,16 @@ import asyncio
 import os
 import resource
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from tests.conftest import scripted, unused_port
+from tests.rawhttp import RawHandler, raw_tool, read_request_head
 
 pytestmark = pytest.mark.fault
-
-RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
 def open_fds() -> int:
@@ -40,33 +38,11 @@ async def assert_no_leaks(scenario: Callable[[], Awaitable[None]], repeats: int 
     assert open_fds() <= fds_before + 4
 
 
-@asynccontextmanager
-async def raw_tool(handler: RawHandler) -> AsyncIterator[str]:
-    async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await handler(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(guarded, "127.0.0.1", 0)
-    try:
-        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
-async def read_request(reader: asyncio.StreamReader) -> None:
-    await reader.readuntil(b"\r\n\r\n")
-
-
 def reply_then(
     reply: bytes, then: Callable[[asyncio.StreamReader], Awaitable[object]] | None = None
 ) -> RawHandler:
     async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request(reader)
+        await read_request_head(reader)
         writer.write(reply)
         await writer.drain()
         if then is not None:

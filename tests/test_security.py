@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import random
 import string
@@ -17,22 +16,13 @@ from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from sidecar.settings import TUNING_FIELDS, ConfigError, Settings, load_settings
+from tests.rawhttp import raw_exchange
 
 pytestmark = pytest.mark.security
 
 
 async def ok(request: web.Request) -> web.Response:
     return web.json_response({"success": True})
-
-
-async def raw_exchange(port: int, request: bytes) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(request)
-    await writer.drain()
-    try:
-        return await asyncio.wait_for(reader.read(65536), timeout=5)
-    finally:
-        writer.close()
 
 
 def status_of(answer: bytes) -> int:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 
 import aiohttp
 import orjson
@@ -13,31 +11,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import unused_port
-
-RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@asynccontextmanager
-async def raw_tool(handler: RawHandler) -> AsyncIterator[str]:
-    """A TCP server on loopback that speaks whatever bytes ``handler`` writes."""
-
-    async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            await handler(reader, writer)
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(guarded, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.close()
-        await server.wait_closed()
-
-
-async def read_head(reader: asyncio.StreamReader) -> None:
-    await reader.readuntil(b"\r\n\r\n")
+from tests.rawhttp import raw_tool, read_request_head
 
 
 def envelope_of(body: bytes) -> dict:
@@ -76,7 +50,7 @@ async def test_upstream_slower_than_the_per_try_timeout_gets_504(make_tool, make
 
 async def test_upstream_that_sends_headers_then_stalls_gets_504(make_sidecar):
     async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
+        await read_request_head(reader)
         writer.write(
             b"HTTP/1.1 500 Oops\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{"
         )
@@ -104,7 +78,7 @@ async def test_upstream_that_sends_headers_then_stalls_gets_504(make_sidecar):
 )
 async def test_upstream_that_breaks_before_the_answer_is_whole_gets_502(make_sidecar, reply):
     async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
+        await read_request_head(reader)
         writer.write(reply)
         await writer.drain()
 
@@ -120,7 +94,7 @@ async def test_upstream_that_breaks_before_the_answer_is_whole_gets_502(make_sid
 
 async def test_streamed_answer_cut_by_the_tool_is_cut_for_the_agent_too(make_sidecar):
     async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_head(reader)
+        await read_request_head(reader)
         writer.write(
             b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n"

@@ -1,0 +1,44 @@
+"""HTTP spoken byte by byte: tools that misbehave on purpose, and agents that send raw bytes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@asynccontextmanager
+async def raw_tool(handler: RawHandler) -> AsyncIterator[str]:
+    """A TCP server on loopback that answers whatever bytes ``handler`` writes; its URL."""
+
+    async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await handler(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(guarded, "127.0.0.1", 0)
+    try:
+        yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
+async def read_request_head(reader: asyncio.StreamReader) -> None:
+    await reader.readuntil(b"\r\n\r\n")
+
+
+async def raw_exchange(port: int, request: bytes) -> bytes:
+    """Send ``request`` as it is to 127.0.0.1:``port``; what came back within 5 s."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(65536), timeout=5)
+    finally:
+        writer.close()
