@@ -8,6 +8,8 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -82,8 +84,10 @@ class RunningSidecar:
         return await self.process.wait()
 
 
-async def start_sidecar(upstream: str, *extra_env: tuple[str, str]) -> RunningSidecar:
-    env = {**_clean_env(), "SIDECAR_HOST": "127.0.0.1", **dict(extra_env)}
+@asynccontextmanager
+async def sidecar_process(upstream: str) -> AsyncIterator[RunningSidecar]:
+    """``tool-retry-sidecar serve`` in a child process on free ports; killed if it outlives us."""
+    env = {**_clean_env(), "SIDECAR_HOST": "127.0.0.1"}
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -104,7 +108,12 @@ async def start_sidecar(upstream: str, *extra_env: tuple[str, str]) -> RunningSi
     assert started["event"] == "sidecar_started"
     running = RunningSidecar(process, started)
     running.lines.append(first.decode())
-    return running
+    try:
+        yield running
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
 
 
 async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server):
@@ -118,9 +127,8 @@ async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server)
     app = web.Application()
     app.router.add_post("/slow", slow)
     tool = await aiohttp_server(app)
-    sidecar = await start_sidecar(str(tool.make_url("/")))
-    exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
-    try:
+    async with sidecar_process(str(tool.make_url("/"))) as sidecar:
+        exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
         async with aiohttp.ClientSession() as agent:
             async with agent.get(f"{sidecar.admin}/readyz") as ready:
                 assert ready.status == 200
@@ -140,10 +148,6 @@ async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server)
             assert await response.json() == {"success": True}
 
         assert await asyncio.wait_for(exit_code, timeout=10) == 0
-    finally:
-        if sidecar.process.returncode is None:
-            sidecar.process.kill()
-            await sidecar.process.wait()
 
     events = [json.loads(line)["event"] for line in sidecar.lines]
     assert events[0] == "sidecar_started"
@@ -167,9 +171,8 @@ async def test_sigterm_with_fifty_requests_in_flight_answers_them_all(aiohttp_se
     app = web.Application()
     app.router.add_post("/slow", slow)
     tool = await aiohttp_server(app)
-    sidecar = await start_sidecar(str(tool.make_url("/")))
-    exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
-    try:
+    async with sidecar_process(str(tool.make_url("/"))) as sidecar:
+        exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
         connector = aiohttp.TCPConnector(limit=0)
         async with aiohttp.ClientSession(connector=connector) as agent:
 
@@ -185,7 +188,3 @@ async def test_sigterm_with_fifty_requests_in_flight_answers_them_all(aiohttp_se
 
         assert statuses == [200] * 50
         assert await asyncio.wait_for(exit_code, timeout=10) == 0
-    finally:
-        if sidecar.process.returncode is None:
-            sidecar.process.kill()
-            await sidecar.process.wait()
