@@ -25,7 +25,7 @@ from sidecar.ids import idempotency_key
 from sidecar.observe import Hooks
 from sidecar.policy import Backoff, Limits, Stop, Wait, plan_wait
 from sidecar.repair.payload import Payload
-from sidecar.repair.pipeline import RepairJob, Repairs
+from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
 from sidecar.settings import RouteConfig
 from sidecar.upstream import Answer, UpstreamRequest, exchange
 from sidecar.waits import requested_wait
@@ -64,6 +64,7 @@ class _Attempt:
     verdict: Verdict
     reply: Reply | None = None
     label: str = field(init=False)
+    cut_by_deadline: bool = False  # its timeout was the deadline's, not the per-try one
 
     def __post_init__(self) -> None:
         result = self.result
@@ -71,6 +72,8 @@ class _Attempt:
 
 
 class Engine:
+    """What every request shares: the upstream pool, each route's guards, the repairs."""
+
     def __init__(
         self,
         session: aiohttp.ClientSession,
@@ -82,13 +85,13 @@ class Engine:
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
     ) -> None:
-        self._session = session
-        self._hooks = hooks
-        self._repairs = repairs
-        self._inspect_limit = inspect_limit
-        self._sleep = sleep
-        self._clock = clock
-        self._guards = {
+        self.session = session
+        self.hooks = hooks
+        self.repairs = repairs
+        self.inspect_limit = inspect_limit
+        self.sleep = sleep
+        self.clock = clock
+        self.guards = {
             route.name: RouteGuards(
                 budget=RetryBudget(
                     route.tuning.retry_budget_ratio, route.tuning.retry_budget_min_per_s, clock
@@ -118,175 +121,10 @@ class Engine:
         ``payload`` is the buffered body, which may be replayed and repaired; ``None`` means
         the body streams through and the request is tried once.
         """
-        guards = self._guards[route.name]
-        tuning = route.tuning
-        limits = Limits(controls.max_retries, tuning.max_retry_after_ms / 1000)
-        deadline = self._clock() + controls.timeout_s
-        guards.budget.record_request()
-        path = request.url.path
-        own_key = tuning.idempotency_header
-        if own_key in request.headers:
-            own_key = ""
-        if payload is not None:
-            payload = self._repairs.prepare(
-                route.name, request.method, path, payload, controls.repair
-            )
-            request = _sending(request, payload, own_key)
-            if payload.layers:
-                self._hooks.repair_result(route.name, "coercion", "applied")
-        elif own_key:
-            request = replace(request, headers=request.headers.copy())
-            request.headers[own_key] = idempotency_key()
-        sent_payloads = [payload] if payload is not None else []
-        # The layer whose payload is being sent and whose first answer is not yet judged.
-        unjudged_layer = payload.layers[-1] if payload is not None and payload.layers else None
-        llm_repairs_left = tuning.llm_max_repairs
-        trail: list[str] = []
-        last_answer: Answer | None = None
-        answered_payload: Payload | None = None
-        retries = 0
-        previous_wait: float | None = None
-        attempt_number = 0
+        return await _Run(self, route, request, controls, payload).run()
 
-        def stop(reason: Stop | str, attempt: _Attempt, note: str | None = None) -> Result:
-            outcome = reason.value if isinstance(reason, Stop) else reason
-            trail.append(f"{attempt.label} {note}" if note else attempt.label)
-            error = attempt.result if isinstance(attempt.result, AttemptError) else None
-            layers = answered_payload.layers if answered_payload is not None else ()
-            return Result(outcome, attempt_number, trail, last_answer, error, repaired=layers)
-
-        while True:
-            refused_for = guards.circuit.admit()
-            self._hooks.circuit_state(route.name, guards.circuit.state)
-            if refused_for is not None:
-                trail.append("circuit_open")
-                if last_answer is not None:
-                    layers = answered_payload.layers if answered_payload else ()
-                    return Result(
-                        Stop.EXHAUSTED.value, attempt_number, trail, last_answer, repaired=layers
-                    )
-                return Result("unreachable", attempt_number, trail, circuit_open_for_s=refused_for)
-
-            attempt_number += 1
-            time_left = deadline - self._clock()
-            per_try = min(tuning.per_try_timeout_ms / 1000, time_left)
-            started = self._clock()
-            try:
-                result = await exchange(self._session, request, per_try, self._inspect_limit)
-            except asyncio.CancelledError:
-                guards.circuit.abandon()
-                raise
-            attempt = self._judge(result, tuning.retry_on_status)
-            verdict = attempt.verdict
-            guards.circuit.record(verdict.is_failure)
-            self._hooks.circuit_state(route.name, guards.circuit.state)
-            self._hooks.attempt_finished(
-                route.name,
-                attempt_number,
-                attempt.label,
-                self._clock() - started,
-                attempt.reply.failure if attempt.reply else None,
-            )
-            if unjudged_layer is not None:
-                result_name = "succeeded" if verdict.success else "failed"
-                self._hooks.repair_result(route.name, unjudged_layer, result_name)
-                unjudged_layer = None
-            if isinstance(result, Answer):
-                if last_answer is not None:
-                    last_answer.discard()
-                last_answer, answered_payload = result, payload
-
-            if verdict.action is Action.DONE:
-                if verdict.success:
-                    return stop("ok" if attempt_number == 1 else "recovered", attempt)
-                return stop(Stop.NOT_RETRYABLE, attempt)
-            if result is AttemptError.TIMEOUT and per_try < tuning.per_try_timeout_ms / 1000:
-                return stop(Stop.DEADLINE, attempt, "stop=deadline")
-            if payload is None:
-                return stop(Stop.NOT_RETRYABLE, attempt, "stop=not_replayable")
-
-            if verdict.action is Action.REPAIR:
-                assert attempt.reply is not None
-                proposal = await self._repairs.propose(
-                    RepairJob(
-                        route=route.name,
-                        method=request.method,
-                        path=path,
-                        payload=payload,
-                        reply=attempt.reply,
-                        attempt=attempt_number,
-                        level=controls.repair,
-                        intent=controls.intent,
-                        tried={sent.fingerprint for sent in sent_payloads},
-                        llm_allowed=llm_repairs_left > 0,
-                        time_left_s=deadline - self._clock(),
-                    )
-                )
-                llm_repairs_left -= proposal.asked_llm
-                if proposal.payload is not None and proposal.layer is not None:
-                    stopped = self._may_retry(guards, route.name, retries, limits, deadline)
-                    if stopped is not None:
-                        return stop(stopped, attempt, f"stop={stopped.value}")
-                    self._hooks.repaired_retry(
-                        route.name, attempt_number, attempt.label, proposal.layer
-                    )
-                    trail.append(f"{attempt.label} repair={proposal.layer}")
-                    payload = proposal.payload
-                    unjudged_layer = proposal.layer
-                    sent_payloads.append(payload)
-                    request = _sending(request, payload, own_key)
-                    retries += 1
-                    continue
-                if not proposal.retry_same:
-                    return stop(Stop.NOT_RETRYABLE, attempt, "repair=none")
-
-            # The same payload again, after a wait.
-            plan = plan_wait(
-                retries_done=retries,
-                limits=limits,
-                requested_s=self._requested_wait(attempt),
-                backoff=guards.backoff,
-                previous_s=previous_wait,
-                time_left_s=deadline - self._clock(),
-                unreachable=result is AttemptError.CONNECT,
-            )
-            if isinstance(plan, Wait) and not guards.budget.try_spend():
-                self._hooks.budget_exhausted(route.name)
-                plan = Stop.BUDGET
-            if isinstance(plan, Stop):
-                return stop(plan, attempt, f"stop={plan.value}")
-
-            if last_answer is not None and not last_answer.complete:
-                # An answer still streaming holds a connection; it cannot wait for us.
-                last_answer.discard()
-                last_answer = None
-            self._hooks.retry_scheduled(
-                route.name,
-                attempt_number,
-                attempt.label,
-                verdict.reason if verdict.action is Action.RETRY else "server_error",
-                plan,
-                attempt.reply.failure if attempt.reply else None,
-            )
-            trail.append(f"{attempt.label} {plan.source}={_seconds(plan.seconds)}")
-            await self._sleep(plan.seconds)
-            retries += 1
-            previous_wait = plan.seconds
-
-    def _may_retry(
-        self, guards: RouteGuards, route: str, retries: int, limits: Limits, deadline: float
-    ) -> Stop | None:
-        """Why a repaired payload may not be sent now, if it may not."""
-        if retries >= limits.max_retries:
-            return Stop.EXHAUSTED
-        if deadline - self._clock() <= 0:
-            return Stop.DEADLINE
-        if not guards.budget.try_spend():
-            self._hooks.budget_exhausted(route)
-            return Stop.BUDGET
-        return None
-
-    def _judge(self, result: Answer | AttemptError, retry_on_status: frozenset[int]) -> _Attempt:
+    def judge(self, result: Answer | AttemptError, retry_on_status: frozenset[int]) -> _Attempt:
+        """Read one attempt's answer (its envelope, when its body was read) into a verdict."""
         if isinstance(result, AttemptError):
             return _Attempt(result, classify(result, retry_on_status))
         response = result.response
@@ -303,11 +141,234 @@ class Engine:
         reply = Reply(result.status, failure, text)
         return _Attempt(result, classify(reply, retry_on_status), reply)
 
-    @staticmethod
-    def _requested_wait(attempt: _Attempt) -> float | None:
-        if not isinstance(attempt.result, Answer) or attempt.reply is None:
+
+class _Run:
+    """One request's way through the loop, and the state each step reads and updates."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        route: RouteConfig,
+        request: UpstreamRequest,
+        controls: RequestControls,
+        payload: Payload | None,
+    ) -> None:
+        self.engine = engine
+        self.hooks = engine.hooks
+        self.clock = engine.clock
+        self.route = route
+        self.tuning = route.tuning
+        self.guards = engine.guards[route.name]
+        self.controls = controls
+        self.limits = Limits(controls.max_retries, self.tuning.max_retry_after_ms / 1000)
+        self.deadline = self.clock() + controls.timeout_s
+        self.path = request.url.path
+        # The sidecar's own idempotency header; "" when it is off or the agent sent a key.
+        header = self.tuning.idempotency_header
+        self.own_key = "" if header in request.headers else header
+        self.request = request
+        self.payload = payload
+        self.sent_payloads: list[Payload] = []
+        self.unjudged_layer: str | None = None  # the repair whose payload awaits its answer
+        self.llm_repairs_left = self.tuning.llm_max_repairs
+        self.trail: list[str] = []
+        self.last_answer: Answer | None = None
+        self.answered_payload: Payload | None = None
+        self.attempts = 0
+        self.retries = 0
+        self.previous_wait: float | None = None
+
+    async def run(self) -> Result:
+        self.guards.budget.record_request()
+        self._prepare()
+        try:
+            while True:
+                refused = self._refused_by_circuit()
+                if refused is not None:
+                    return refused
+                attempt = await self._attempt()
+                step = await self._next_step(attempt)
+                if isinstance(step, Result):
+                    return step
+                if isinstance(step, Wait):
+                    await self.engine.sleep(step.seconds)
+        except asyncio.CancelledError:
+            # The agent went away during an attempt, a repair or a wait.
+            if self.last_answer is not None:
+                self.last_answer.discard()
+            raise
+
+    def _prepare(self) -> None:
+        """Coerce the agent's payload before the first attempt; put the idempotency key on."""
+        payload = self.payload
+        if payload is None:
+            if self.own_key:
+                self.request = replace(self.request, headers=self.request.headers.copy())
+                self.request.headers[self.own_key] = idempotency_key()
+            return
+        payload = self.engine.repairs.prepare(
+            self.route.name, self.request.method, self.path, payload, self.controls.repair
+        )
+        if payload.layers:
+            self.hooks.repair_result(self.route.name, "coercion", "applied")
+            self.unjudged_layer = payload.layers[-1]
+        self._send_next(payload)
+
+    def _send_next(self, payload: Payload) -> None:
+        """Make ``payload`` the body of the next attempts (a new payload, a new key)."""
+        self.payload = payload
+        self.sent_payloads.append(payload)
+        self.request = _sending(self.request, payload, self.own_key)
+
+    def _refused_by_circuit(self) -> Result | None:
+        refused_for = self.guards.circuit.admit()
+        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
+        if refused_for is None:
             return None
-        return requested_wait(attempt.result.response.headers, attempt.reply.failure, time.time())
+        self.trail.append("circuit_open")
+        if self.last_answer is not None:
+            return self._result(Stop.EXHAUSTED.value, None)
+        return Result("unreachable", self.attempts, self.trail, circuit_open_for_s=refused_for)
+
+    async def _attempt(self) -> _Attempt:
+        """Send the request once, read what matters of the answer, and judge it."""
+        self.attempts += 1
+        per_try = min(self.tuning.per_try_timeout_ms / 1000, self.deadline - self.clock())
+        started = self.clock()
+        try:
+            result = await exchange(
+                self.engine.session, self.request, per_try, self.engine.inspect_limit
+            )
+        except asyncio.CancelledError:
+            self.guards.circuit.abandon()
+            raise
+        attempt = self.engine.judge(result, self.tuning.retry_on_status)
+        attempt.cut_by_deadline = per_try < self.tuning.per_try_timeout_ms / 1000
+        self.guards.circuit.record(attempt.verdict.is_failure)
+        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
+        self.hooks.attempt_finished(
+            self.route.name,
+            self.attempts,
+            attempt.label,
+            self.clock() - started,
+            attempt.reply.failure if attempt.reply else None,
+        )
+        if self.unjudged_layer is not None:
+            judged = "succeeded" if attempt.verdict.success else "failed"
+            self.hooks.repair_result(self.route.name, self.unjudged_layer, judged)
+            self.unjudged_layer = None
+        if isinstance(result, Answer):
+            if self.last_answer is not None:
+                self.last_answer.discard()
+            self.last_answer, self.answered_payload = result, self.payload
+        return attempt
+
+    async def _next_step(self, attempt: _Attempt) -> Result | Wait | None:
+        """What follows an attempt: a result to return, a wait, or (``None``) a repaired
+        payload to send at once."""
+        verdict = attempt.verdict
+        if verdict.action is Action.DONE:
+            if verdict.success:
+                return self._stop("ok" if self.attempts == 1 else "recovered", attempt)
+            return self._stop(Stop.NOT_RETRYABLE, attempt)
+        if attempt.result is AttemptError.TIMEOUT and attempt.cut_by_deadline:
+            return self._stop(Stop.DEADLINE, attempt, "stop=deadline")
+        if self.payload is None:
+            return self._stop(Stop.NOT_RETRYABLE, attempt, "stop=not_replayable")
+        if verdict.action is Action.REPAIR:
+            proposal = await self._repair(attempt)
+            if proposal.payload is not None and proposal.layer is not None:
+                return self._send_repaired(attempt, proposal.payload, proposal.layer)
+            if not proposal.retry_same:
+                return self._stop(Stop.NOT_RETRYABLE, attempt, "repair=none")
+        return self._wait_for_same(attempt)
+
+    async def _repair(self, attempt: _Attempt) -> Proposal:
+        assert attempt.reply is not None and self.payload is not None
+        proposal = await self.engine.repairs.propose(
+            RepairJob(
+                route=self.route.name,
+                method=self.request.method,
+                path=self.path,
+                payload=self.payload,
+                reply=attempt.reply,
+                attempt=self.attempts,
+                level=self.controls.repair,
+                intent=self.controls.intent,
+                tried={sent.fingerprint for sent in self.sent_payloads},
+                llm_allowed=self.llm_repairs_left > 0,
+                time_left_s=self.deadline - self.clock(),
+            )
+        )
+        self.llm_repairs_left -= proposal.asked_llm
+        return proposal
+
+    def _send_repaired(self, attempt: _Attempt, payload: Payload, layer: str) -> Result | None:
+        """Send a repaired payload next, at once, if the limits allow another attempt."""
+        if self.retries >= self.limits.max_retries:
+            stopped = Stop.EXHAUSTED
+        elif self.deadline - self.clock() <= 0:
+            stopped = Stop.DEADLINE
+        elif not self.guards.budget.try_spend():
+            self.hooks.budget_exhausted(self.route.name)
+            stopped = Stop.BUDGET
+        else:
+            self.hooks.repaired_retry(self.route.name, self.attempts, attempt.label, layer)
+            self.trail.append(f"{attempt.label} repair={layer}")
+            self.unjudged_layer = layer
+            self._send_next(payload)
+            self.retries += 1
+            return None
+        return self._stop(stopped, attempt, f"stop={stopped.value}")
+
+    def _wait_for_same(self, attempt: _Attempt) -> Result | Wait:
+        """The wait before sending the same payload again, or why it will not be sent."""
+        plan = plan_wait(
+            retries_done=self.retries,
+            limits=self.limits,
+            requested_s=_requested_wait(attempt),
+            backoff=self.guards.backoff,
+            previous_s=self.previous_wait,
+            time_left_s=self.deadline - self.clock(),
+            unreachable=attempt.result is AttemptError.CONNECT,
+        )
+        if isinstance(plan, Wait) and not self.guards.budget.try_spend():
+            self.hooks.budget_exhausted(self.route.name)
+            plan = Stop.BUDGET
+        if isinstance(plan, Stop):
+            return self._stop(plan, attempt, f"stop={plan.value}")
+        if self.last_answer is not None and not self.last_answer.complete:
+            # An answer still streaming holds a connection; it cannot wait for us.
+            self.last_answer.discard()
+            self.last_answer = None
+        verdict = attempt.verdict
+        self.hooks.retry_scheduled(
+            self.route.name,
+            self.attempts,
+            attempt.label,
+            verdict.reason if verdict.action is Action.RETRY else "server_error",
+            plan,
+            attempt.reply.failure if attempt.reply else None,
+        )
+        self.trail.append(f"{attempt.label} {plan.source}={_seconds(plan.seconds)}")
+        self.retries += 1
+        self.previous_wait = plan.seconds
+        return plan
+
+    def _stop(self, reason: Stop | str, attempt: _Attempt, note: str | None = None) -> Result:
+        self.trail.append(f"{attempt.label} {note}" if note else attempt.label)
+        error = attempt.result if isinstance(attempt.result, AttemptError) else None
+        return self._result(reason.value if isinstance(reason, Stop) else reason, error)
+
+    def _result(self, outcome: str, error: AttemptError | None) -> Result:
+        layers = self.answered_payload.layers if self.answered_payload is not None else ()
+        return Result(outcome, self.attempts, self.trail, self.last_answer, error, repaired=layers)
+
+
+def _requested_wait(attempt: _Attempt) -> float | None:
+    if not isinstance(attempt.result, Answer) or attempt.reply is None:
+        return None
+    return requested_wait(attempt.result.response.headers, attempt.reply.failure, time.time())
 
 
 def _sending(request: UpstreamRequest, payload: Payload, key_header: str) -> UpstreamRequest:

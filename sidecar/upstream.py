@@ -211,6 +211,11 @@ async def exchange(
         error = AttemptError.CONNECT
     except (aiohttp.ClientError, OSError):
         error = AttemptError.RESET
+    except asyncio.CancelledError:
+        # The agent went away mid-attempt: the half-read answer must not keep its socket.
+        if response is not None:
+            response.close()
+        raise
     if response is not None:
         response.close()
     return error
