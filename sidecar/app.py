@@ -12,7 +12,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from sidecar.engine import Clock, Engine, Sleep
-from sidecar.observe import Hooks, Metrics
+from sidecar.observe import Hooks, Metrics, http_server_logger
 from sidecar.proxy import Proxy
 from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.pipeline import Repairs
@@ -39,7 +39,7 @@ LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
 # How the proxy app must be served: a handler is cancelled when its agent goes away,
 # so no attempt or wait continues on behalf of nobody; access lines come from our hooks.
-SERVER_KWARGS = {"handler_cancellation": True, "access_log": None}
+SERVER_KWARGS = {"handler_cancellation": True, "access_log": None, "logger": http_server_logger()}
 
 SCHEMA_FETCH_TIMEOUT_S = 10.0
 

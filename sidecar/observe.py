@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 import orjson
 import structlog
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -121,6 +122,28 @@ class Metrics:
             ["route"],
             registry=registry,
         )
+
+
+class _ClientFaultFilter(logging.Filter):
+    """aiohttp logs a malformed request as a server error with a traceback. It is the
+    client's fault and the client already got its 400, so it becomes one info line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fault = record.exc_info[1] if record.exc_info else None
+        if isinstance(fault, HttpProcessingError):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args = "malformed_request", ()
+            record.reason = fault.message.strip().splitlines()[0]
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def http_server_logger() -> logging.Logger:
+    """The logger the proxy's HTTP server reports through."""
+    logger = logging.getLogger("sidecar.http")
+    if not any(isinstance(existing, _ClientFaultFilter) for existing in logger.filters):
+        logger.addFilter(_ClientFaultFilter())
+    return logger
 
 
 def _orjson_dumps(event: Any, **_: Any) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 import aiohttp
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from sidecar import errors, ids
 from sidecar.controls import request_controls
@@ -153,20 +155,27 @@ class Proxy:
     async def _read_request_body(
         self, request: web.BaseRequest, buffer_limit: int
     ) -> bytes | _StreamedBody | None:
-        """The body buffered when it fits ``buffer_limit``, else a stream; None if too large."""
+        """The body buffered when it fits ``buffer_limit``, else a stream; None if too large.
+
+        A body the agent garbles (a bad chunk) or cuts short is answered 400 here, not
+        left to surface as a server error.
+        """
         declared = request.content_length
         if declared is not None and self._max_request_bytes and declared > self._max_request_bytes:
             return None
         if not request.body_exists:
             return b""
-        if declared is not None and declared <= buffer_limit:
-            return await request.content.readexactly(declared)
-        head = bytearray()
-        while len(head) <= buffer_limit:
-            chunk = await request.content.readany()
-            if not chunk:
-                return bytes(head)
-            head.extend(chunk)
+        try:
+            if declared is not None and declared <= buffer_limit:
+                return await request.content.readexactly(declared)
+            head = bytearray()
+            while len(head) <= buffer_limit:
+                chunk = await request.content.readany()
+                if not chunk:
+                    return bytes(head)
+                head.extend(chunk)
+        except (HttpProcessingError, asyncio.IncompleteReadError):
+            raise web.HTTPBadRequest(text="the request body is malformed or incomplete") from None
         if self._max_request_bytes and len(head) > self._max_request_bytes:
             return None
         return _StreamedBody(bytes(head), request, self._max_request_bytes)

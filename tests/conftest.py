@@ -129,7 +129,12 @@ def make_sidecar(aiohttp_client: Any) -> Callable[..., Awaitable[Sidecar]]:
             sleep=sleep,
             clock=clock,
         )
-        client = await aiohttp_client(app, server_kwargs=SERVER_KWARGS, auto_decompress=False)
+        # Served as in production; TestServer sets handler_cancellation itself.
+        server = TestServer(app)
+        await server.start_server(
+            **{key: value for key, value in SERVER_KWARGS.items() if key != "handler_cancellation"}
+        )
+        client = await aiohttp_client(server, auto_decompress=False)
         return Sidecar(client, registry, sleep)
 
     return make

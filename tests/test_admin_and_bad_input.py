@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+
+import pytest
 from aiohttp import web
 
 from sidecar.app import create_admin_app
@@ -84,3 +88,22 @@ async def test_utf8_header_values_pass_through(make_tool, make_sidecar):
     )
 
     assert tool.seen[0].headers["X-City"] == "Zürich"
+
+
+async def test_a_garbled_chunked_body_gets_400_and_no_error_log(
+    make_tool, make_sidecar, caplog: pytest.LogCaptureFixture
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    with caplog.at_level(logging.WARNING):
+        for body in (b"ZZ\r\nabc\r\n0\r\n\r\n", b"5\r\nabcde\r\n" * 3000 + b"ZZ\r\n"):
+            answer = await raw_exchange(
+                sidecar.client.port,
+                b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" + body,
+            )
+            assert answer.split(b" ", 2)[1] == b"400"
+        await asyncio.sleep(0.1)
+
+    assert tool.seen == []
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
