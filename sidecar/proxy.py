@@ -90,7 +90,6 @@ class Proxy:
         try:
             bad_header = undeliverable_header(request.headers)
             if bad_header is not None:
-                status = 400
                 raise web.HTTPBadRequest(text=f"header {bad_header} is not valid UTF-8")
             body = await self._read_request_body(request, route.tuning.max_body_bytes)
             if body is None:
@@ -134,6 +133,9 @@ class Proxy:
                 response = errors.attempt_error_response(result.error, report)
             status = response.status
             return response
+        except web.HTTPException as refusal:
+            status = refusal.status
+            raise
         finally:
             self._hooks.request_finished(
                 route.name,
