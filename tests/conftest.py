@@ -72,6 +72,15 @@ class Sidecar:
         value = self.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
 
+    def label_values(self, label: str) -> set[str]:
+        """Every value ``label`` takes across all the sidecar's series."""
+        return {
+            sample.labels[label]
+            for family in self.registry.collect()
+            for sample in family.samples
+            if label in sample.labels
+        }
+
 
 @pytest.fixture(autouse=True)
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
