@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -38,7 +39,8 @@ METRICS = web.AppKey("metrics", Metrics)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
 # How the proxy app must be served: a handler is cancelled when its agent goes away,
-# so no attempt or wait continues on behalf of nobody; access lines come from our hooks.
+# so no attempt or wait continues on behalf of nobody; access lines come from our hooks;
+# a client's malformed request is logged as its fault, not as a server error.
 SERVER_KWARGS = {"handler_cancellation": True, "access_log": None, "logger": http_server_logger()}
 
 SCHEMA_FETCH_TIMEOUT_S = 10.0
@@ -104,6 +106,8 @@ def create_app(
         app[PROXY] = Proxy(routes, engine, hooks, max_request_bytes=settings.max_request_bytes)
         yield
         refresh.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await refresh
         await session.close()
         if llm_client is not None:
             await llm_client.close()
