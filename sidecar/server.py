@@ -13,14 +13,14 @@ from sidecar.app import LIFECYCLE, SERVER_KWARGS, create_admin_app, create_app
 from sidecar.settings import Settings, resolve_routes
 
 
-async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
-    """Serve until ``stop`` is set or a SIGTERM/SIGINT arrives, then drain and return.
+async def serve(settings: Settings) -> None:
+    """Serve until a SIGTERM/SIGINT arrives, then drain and return.
 
     Draining: ``/readyz`` turns 503, the proxy stops listening, and requests in flight
     get up to ``drain_timeout_ms`` to finish before they are cancelled.
     """
     log = structlog.get_logger("sidecar")
-    stop = stop or asyncio.Event()
+    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -47,8 +47,8 @@ async def serve(settings: Settings, stop: asyncio.Event | None = None) -> None:
         await stop.wait()
         lifecycle.draining = True
         log.info("shutdown_started", drain_timeout_ms=settings.drain_timeout_ms)
-        await proxy_runner.cleanup()
     finally:
+        # The admin app outlives the drain, so /readyz answers 503 while requests finish.
         await proxy_runner.cleanup()
         await admin_runner.cleanup()
         for signum in (signal.SIGTERM, signal.SIGINT):
