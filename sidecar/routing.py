@@ -39,10 +39,6 @@ class RouteTable:
             for route in self._routes
         }
 
-    @property
-    def routes(self) -> list[RouteConfig]:
-        return list(self._routes)
-
     def match(self, raw_target: str) -> Target | None:
         """The route for a raw request target (path and query as the agent sent them).
 

@@ -78,10 +78,6 @@ class Redactor:
                 value = value.replace(placeholder, secret)
         return value
 
-    @property
-    def secrets(self) -> frozenset[str]:
-        return frozenset(self._placeholders)
-
     def _placeholder(self, secret: str) -> str:
         if secret not in self._placeholders:
             self._placeholders[secret] = f"<redacted-{len(self._placeholders) + 1}>"
