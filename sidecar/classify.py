@@ -32,8 +32,6 @@ class Verdict:
     # Why: ``success``, ``server_error``, ``rate_limited``, ``connect_error``, ``timeout``,
     # ``validation``, ``retryable_envelope``, ``auth``, ``not_retryable``.
     reason: str
-    # The status the decision was made on: the real one, or a 2xx envelope's category's.
-    effective_status: int | None = None
     # A connect error, a timeout or a status in RETRY_ON_STATUS: counts toward the circuit.
     is_failure: bool = False
 
@@ -67,21 +65,21 @@ def classify(result: Reply | AttemptError, retry_on_status: Collection[int]) -> 
     is_failure = status in retry_on_status
 
     if status < 400:
-        return Verdict(Action.DONE, "success", status)
+        return Verdict(Action.DONE, "success")
     if status in (401, 403):
-        return Verdict(Action.DONE, "auth", status, is_failure)
+        return Verdict(Action.DONE, "auth", is_failure=is_failure)
     if failure is not None and failure.retryable is False:
-        return Verdict(Action.DONE, "not_retryable", status, is_failure)
+        return Verdict(Action.DONE, "not_retryable", is_failure=is_failure)
     if status == 429:
-        return Verdict(Action.RETRY, "rate_limited", status, is_failure)
+        return Verdict(Action.RETRY, "rate_limited", is_failure=is_failure)
     if is_failure:
-        return Verdict(Action.RETRY, "server_error", status, is_failure)
+        return Verdict(Action.RETRY, "server_error", is_failure=is_failure)
     if status < 500:
         if status in (400, 422) and _shows_validation_error(result):
-            return Verdict(Action.REPAIR, "validation", status)
+            return Verdict(Action.REPAIR, "validation")
         if failure is not None and failure.retryable is True:
-            return Verdict(Action.REPAIR, "retryable_envelope", status)
-    return Verdict(Action.DONE, "not_retryable", status, is_failure)
+            return Verdict(Action.REPAIR, "retryable_envelope")
+    return Verdict(Action.DONE, "not_retryable", is_failure=is_failure)
 
 
 def _status_for_envelope(failure: ToolFailure) -> int:
