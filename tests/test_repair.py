@@ -150,6 +150,18 @@ def write_openapi(path: Path) -> Path:
     return path
 
 
+def openapi_routes(tool, tmp_path: Path) -> list[dict]:
+    """One route, /api, to ``tool``, with the OpenAPI document of ``write_openapi``."""
+    return [
+        {
+            "name": "weather",
+            "prefix": "/api",
+            "upstream": tool.url,
+            "schema": str(write_openapi(tmp_path / "openapi.json")),
+        }
+    ]
+
+
 def typed_tool():
     """A Go-style tool: a string where it wants a number is a 400 with a Go error."""
 
@@ -173,14 +185,7 @@ async def test_lat_as_a_string_is_coerced_by_the_openapi_schema_before_sending(
     tool = await make_tool(typed_tool())
     llm = await make_llm(fix({"lat": 0, "lon": 0}))
     sidecar = await make_sidecar(
-        routes=[
-            {
-                "name": "weather",
-                "prefix": "/api",
-                "upstream": tool.url,
-                "schema": str(write_openapi(tmp_path / "openapi.json")),
-            }
-        ],
+        routes=openapi_routes(tool, tmp_path),
         llm_base_url=llm.base_url,
     )
 
@@ -212,16 +217,7 @@ async def test_a_body_that_needs_no_repair_is_sent_byte_identical(
     make_tool, make_sidecar, tmp_path
 ):
     tool = await make_tool(typed_tool())
-    sidecar = await make_sidecar(
-        routes=[
-            {
-                "name": "weather",
-                "prefix": "/api",
-                "upstream": tool.url,
-                "schema": str(write_openapi(tmp_path / "openapi.json")),
-            }
-        ]
-    )
+    sidecar = await make_sidecar(routes=openapi_routes(tool, tmp_path))
     body = b'{ "lon":139.7,   "lat": 35.6 }'
 
     response = await sidecar.client.post("/api/forecast/3", data=body)
