@@ -233,7 +233,13 @@ setting_values = st.one_of(
 )
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    suppress_health_check=[
+        *settings.default.suppress_health_check,
+        HealthCheck.function_scoped_fixture,
+    ],
+)
 @given(
     st.dictionaries(
         st.sampled_from([*sorted(Settings.model_fields), "routes", "bogus"]), setting_values
