@@ -30,10 +30,13 @@ class Reply:
 class Verdict:
     action: Action
     # Why: ``success``, ``server_error``, ``rate_limited``, ``connect_error``, ``timeout``,
-    # ``validation``, ``retryable_envelope``, ``auth``, ``not_retryable``.
+    # ``validation``, ``retryable_envelope``, ``auth``, ``not_retryable``, ``overloaded``.
     reason: str
-    # A connect error, a timeout or a status in RETRY_ON_STATUS: counts toward the circuit.
+    # The tool looks unhealthy (no answer, or a status in RETRY_ON_STATUS that did not say
+    # it must not be retried): what the circuit breaker counts.
     is_failure: bool = False
+    # A RETRY of a request the tool may already be running: only when it is safe to repeat.
+    only_if_safe: bool = False
 
     @property
     def success(self) -> bool:
@@ -55,8 +58,10 @@ VALIDATION_ERROR = re.compile(
 def classify(result: Reply | AttemptError, retry_on_status: Collection[int]) -> Verdict:
     """The contract's decision matrix for one attempt."""
     if isinstance(result, AttemptError):
+        if result.local:
+            return Verdict(Action.DONE, "overloaded")
         reason = "timeout" if result is AttemptError.TIMEOUT else "connect_error"
-        return Verdict(Action.RETRY, reason, is_failure=True)
+        return Verdict(Action.RETRY, reason, is_failure=True, only_if_safe=result.delivered)
 
     failure = result.failure
     status = result.status
@@ -67,11 +72,17 @@ def classify(result: Reply | AttemptError, retry_on_status: Collection[int]) -> 
     if status < 400:
         return Verdict(Action.DONE, "success")
     if status in (401, 403):
-        return Verdict(Action.DONE, "auth", is_failure=is_failure)
+        return Verdict(Action.DONE, "auth")
     if failure is not None and failure.retryable is False:
-        return Verdict(Action.DONE, "not_retryable", is_failure=is_failure)
+        return Verdict(Action.DONE, "not_retryable")
     if status == 429:
-        return Verdict(Action.RETRY, "rate_limited", is_failure=is_failure)
+        return Verdict(Action.RETRY, "rate_limited")
+    if failure is not None and failure.dialect == "jsonrpc" and status >= 500:
+        # A JSON-RPC error means the server ran the call; only its own word makes a
+        # repeat welcome, and even then only for a call that is safe to repeat.
+        if failure.retryable is True:
+            return Verdict(Action.RETRY, "server_error", is_failure, only_if_safe=True)
+        return Verdict(Action.DONE, "not_retryable", is_failure=is_failure)
     if is_failure:
         return Verdict(Action.RETRY, "server_error", is_failure=is_failure)
     if status < 500:

@@ -79,11 +79,41 @@ def parse_json(body: bytes) -> Any:
         return None
 
 
+def first_event(stream: bytes | bytearray) -> bytes | None:
+    """The first whole event of a ``text/event-stream`` body, or ``None`` before one ends.
+
+    An event ends at a blank line; a block of only comment lines (``: ping``, which
+    servers send to keep a connection open) is not an event.
+    """
+    blocks = bytes(stream).replace(b"\r\n", b"\n").split(b"\n\n")
+    for block in blocks[:-1]:  # the last piece has not ended yet
+        if any(line and not line.startswith(b":") for line in block.split(b"\n")):
+            return block
+    return None
+
+
 def first_event_data(body: bytes) -> bytes:
-    """The ``data`` of the first event of a ``text/event-stream`` body."""
-    event, _, _ = body.replace(b"\r\n", b"\n").partition(b"\n\n")
+    """The ``data`` of the first event of a ``text/event-stream`` body (or of its start,
+    when no event has ended yet)."""
+    event = first_event(body)
+    if event is None:
+        event = body.replace(b"\r\n", b"\n")
     lines = event.split(b"\n")
     return b"\n".join(line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:"))
+
+
+def _payload_bytes(content_type: str, content_encoding: str | None, body: bytes) -> bytes | None:
+    """The JSON text an answer carries: inflated, and for an event stream its first data."""
+    raw = decoded_text(body, content_encoding) if body else None
+    if raw and content_type == "text/event-stream":
+        return first_event_data(raw)
+    return raw
+
+
+def json_document(content_type: str, content_encoding: str | None, body: bytes) -> Any:
+    """The JSON value an answer's body (or first event) holds, or ``None``."""
+    raw = _payload_bytes(content_type, content_encoding, body)
+    return parse_json(raw) if raw else None
 
 
 def inspect(
@@ -93,11 +123,9 @@ def inspect(
 
     ``body`` is the whole body, or for ``text/event-stream`` its first event.
     """
-    raw = decoded_text(body, content_encoding) if body else None
+    raw = _payload_bytes(content_type, content_encoding, body)
     if not raw:
         return None, ""
-    if content_type == "text/event-stream":
-        raw = first_event_data(raw)
     failure = parse_failure(parse_json(raw), success_status=200 <= status < 300)
     text = raw[:TEXT_SAMPLE_BYTES].decode("utf-8", "replace") if status >= 400 else ""
     return failure, text

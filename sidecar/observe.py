@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 import orjson
@@ -215,6 +217,31 @@ class _Children:
         return child
 
 
+class _Throttle:
+    """Counts occurrences and says when one should be logged: the first, then at most one
+    per ``interval_s``, carrying how many happened since the last one logged."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._next_at = 0.0
+        self._count = 0
+
+    def count(self) -> int:
+        """0 when this occurrence stays silent, else how many to report (itself included)."""
+        self._count += 1
+        now = self._clock()
+        if now < self._next_at:
+            return 0
+        self._next_at = now + self._interval_s
+        count, self._count = self._count, 0
+        return count
+
+
+# Saturation can repeat thousands of times a second; one line per this many seconds says it.
+_OVERLOAD_LOG_INTERVAL_S = 10.0
+
+
 class Hooks:
     """What each stage of a request records. One instance per app."""
 
@@ -223,6 +250,7 @@ class Hooks:
         self.log = structlog.get_logger("sidecar")
         self._access_log = access_log
         self._child = _Children()
+        self._overloads = _Throttle(_OVERLOAD_LOG_INTERVAL_S)
 
     def request_received(self, route: str, method: str) -> None:
         """A request was matched to ``route``: it is now in flight."""
@@ -327,6 +355,13 @@ class Hooks:
     def budget_exhausted(self, route: str) -> None:
         """A retry was refused: the route's retry budget is spent."""
         self._child(self.metrics.budget_exhausted, route).inc()
+
+    def sidecar_overloaded(self, route: str | None, reason: str) -> None:
+        """The sidecar itself had no room for a call: ``max_in_flight``, ``pool_timeout``
+        (no free upstream connection) or ``fd_exhausted``. Logged once per interval."""
+        count = self._overloads.count()
+        if count:
+            self.log.error("sidecar_overloaded", route=route, reason=reason, count=count)
 
     def circuit_state(self, route: str, state: int) -> None:
         """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open)."""

@@ -3,21 +3,32 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
+from typing import Any
 
 import structlog
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.app import LIFECYCLE, SERVER_KWARGS, create_admin_app, create_app
+from sidecar.app import HOOKS, LIFECYCLE, PROXY, create_admin_app, create_app, server_kwargs
+from sidecar.observe import Hooks
 from sidecar.settings import Settings, resolve_routes
+
+# Connections the kernel may queue before the sidecar accepts them. An agent fleet that
+# connects at once overflows aiohttp's default of 128 and sees connects dropped.
+ACCEPT_BACKLOG = 4096
+# After the drain time, requests cut short get this long to write their last answer.
+_CUT_GRACE_S = 0.25
 
 
 async def serve(settings: Settings) -> None:
     """Serve until a SIGTERM/SIGINT arrives, then drain and return.
 
     Draining: ``/readyz`` turns 503, the proxy stops listening, and requests in flight
-    get up to ``drain_timeout_ms`` to finish before they are cancelled.
+    get up to ``drain_timeout_ms`` to finish. Then those still waiting for the tool are
+    answered ``UPSTREAM_TIMEOUT`` (reason ``shutdown``), the rest are cut, and the
+    process exits well within a second more.
     """
     log = structlog.get_logger("sidecar")
     stop = asyncio.Event()
@@ -27,15 +38,16 @@ async def serve(settings: Settings) -> None:
 
     app = create_app(settings)
     lifecycle = app[LIFECYCLE]
-    proxy_runner = web.AppRunner(
-        app, shutdown_timeout=settings.drain_timeout_ms / 1000, **SERVER_KWARGS
-    )
+    _report_descriptor_exhaustion(loop, app[HOOKS])
+    proxy_runner = web.AppRunner(app, shutdown_timeout=_CUT_GRACE_S, **server_kwargs(settings))
     admin_runner = web.AppRunner(create_admin_app(app), access_log=None)
     await proxy_runner.setup()
     await admin_runner.setup()
     try:
         await web.TCPSite(admin_runner, settings.host, settings.admin_port).start()
-        await web.TCPSite(proxy_runner, settings.host, settings.port).start()
+        await web.TCPSite(
+            proxy_runner, settings.host, settings.port, backlog=ACCEPT_BACKLOG
+        ).start()
         lifecycle.ready = True
         log.info(
             "sidecar_started",
@@ -47,6 +59,9 @@ async def serve(settings: Settings) -> None:
         await stop.wait()
         lifecycle.draining = True
         log.info("shutdown_started", drain_timeout_ms=settings.drain_timeout_ms)
+        for site in list(proxy_runner.sites):
+            await site.stop()
+        await app[PROXY].drain(settings.drain_timeout_ms / 1000)
     finally:
         # The admin app outlives the drain, so /readyz answers 503 while requests finish.
         await proxy_runner.cleanup()
@@ -54,3 +69,20 @@ async def serve(settings: Settings) -> None:
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     log.info("sidecar_stopped")
+
+
+def _report_descriptor_exhaustion(loop: asyncio.AbstractEventLoop, hooks: Hooks) -> None:
+    """Out of file descriptors, the event loop cannot accept connections and logs a
+    traceback per try; say it once per interval as the sidecar's own overload instead."""
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            hooks.sidecar_overloaded(None, "fd_exhausted")
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

@@ -39,6 +39,7 @@ DEFAULT_ROUTE_NAME = "default"
 
 JitterMode = Literal["full", "equal", "decorrelated", "none"]
 RepairLevel = Literal["off", "deterministic", "auto"]
+ReplayMode = Literal["safe", "always"]
 REPAIR_LEVELS: tuple[RepairLevel, ...] = ("off", "deterministic", "auto")
 
 
@@ -58,13 +59,18 @@ class Tuning(BaseModel):
     backoff_jitter: JitterMode = "full"
     max_retry_after_ms: int = Field(60000, ge=0)
     per_try_timeout_ms: int = Field(30000, gt=0)
+    inspect_timeout_ms: int = Field(2000, gt=0)
+    replay_delivered: ReplayMode = "safe"
     request_timeout_ms: int = Field(120000, gt=0)
     retry_on_status: Annotated[frozenset[int], NoDecode] = frozenset({500, 502, 503, 504})
     max_body_bytes: int = Field(10 * 1024 * 1024, ge=0)
     retry_budget_ratio: float = Field(0.2, ge=0.0)
     retry_budget_min_per_s: float = Field(10.0, ge=0.0)
     circuit_failures: int = Field(5, ge=0)
+    circuit_failure_rate: float = Field(0.5, gt=0.0, le=1.0)
+    circuit_window_ms: int = Field(30000, gt=0)
     circuit_open_ms: int = Field(30000, gt=0)
+    circuit_half_open_probes: int = Field(3, ge=1)
     idempotency_header: str = "Idempotency-Key"
     repair: RepairLevel = "auto"
     llm_max_repairs: int = Field(2, ge=0)
@@ -89,6 +95,8 @@ class Tuning(BaseModel):
     @field_validator("idempotency_header")
     @classmethod
     def _header_token(cls, value: str) -> str:
+        if value.strip().lower() == "off":
+            return ""
         if value and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
             raise ValueError("must be a header name or empty")
         return value
@@ -112,6 +120,7 @@ class RouteSpec(BaseModel):
     prefix: str = "/"
     upstream: AnyHttpUrl
     strip_prefix: bool = False
+    idempotent: bool = False  # every call of this route is safe to run twice
     schema_source: str | None = Field(None, alias="schema")
     overrides: dict[str, Any] = Field(default_factory=dict)
 
@@ -144,6 +153,7 @@ class RouteConfig:
     strip_prefix: bool
     schema_source: str | None
     tuning: Tuning
+    idempotent: bool = False
 
 
 class Settings(Tuning, BaseSettings):
@@ -164,6 +174,8 @@ class Settings(Tuning, BaseSettings):
     config_file: Path | None = None
     routes: list[RouteSpec] = Field(default_factory=list)
     upstream_max_connections: int = Field(1000, ge=0)
+    max_in_flight: int = Field(2048, ge=0)
+    client_timeout_ms: int = Field(60000, gt=0)
     max_request_bytes: int = Field(1024 * 1024 * 1024, ge=0)
     drain_timeout_ms: int = Field(20000, ge=0)
     schema_refresh_ms: int = Field(300000, ge=1000)
@@ -302,6 +314,7 @@ def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
                 strip_prefix=spec.strip_prefix,
                 schema_source=spec.schema_source,
                 tuning=tuning,
+                idempotent=spec.idempotent,
             )
         )
     return tuple(routes)

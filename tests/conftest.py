@@ -17,7 +17,7 @@ from hypothesis import settings as hypothesis_settings
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from sidecar.app import SERVER_KWARGS, create_app
+from sidecar.app import create_app, server_kwargs
 from sidecar.settings import load_settings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -143,17 +143,13 @@ def make_sidecar(aiohttp_client: Any) -> Callable[..., Awaitable[Sidecar]]:
             upstream = upstream.url
         registry = CollectorRegistry()
         sleep = sleep or RecordingSleep()
-        app = create_app(
-            load_settings(upstream_url=upstream, **settings),
-            registry=registry,
-            sleep=sleep,
-            clock=clock,
-        )
+        configuration = load_settings(upstream_url=upstream, **settings)
+        app = create_app(configuration, registry=registry, sleep=sleep, clock=clock)
         # Served as in production; TestServer sets handler_cancellation itself.
         server = TestServer(app)
-        await server.start_server(
-            **{key: value for key, value in SERVER_KWARGS.items() if key != "handler_cancellation"}
-        )
+        served_as = server_kwargs(configuration)
+        del served_as["handler_cancellation"]
+        await server.start_server(**served_as)
         client = await aiohttp_client(server, auto_decompress=False)
         return Sidecar(client, registry, sleep)
 
