@@ -40,6 +40,11 @@ HOOKS = web.AppKey("hooks", Hooks)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
 
+# How long an unread request body is drained after the answer went out (aiohttp: 10 s),
+# so that a client still sending sees the answer rather than a reset.
+LINGERING_S = 2.0
+
+
 def server_kwargs(settings: Settings) -> dict[str, Any]:
     """How the proxy app must be served.
 
@@ -47,13 +52,15 @@ def server_kwargs(settings: Settings) -> dict[str, Any]:
     behalf of nobody; access lines come from our hooks; a client's malformed request is
     logged as its fault, not as a server error. A connection that has not completed a
     request head within the client timeout (a new one, or an idle kept-alive one) is
-    closed: aiohttp's own default holds it for an hour.
+    closed: aiohttp's own default holds it for an hour. After an answer to a request
+    whose body was not read whole, the rest is read and dropped for a short while only.
     """
     return {
         "handler_cancellation": True,
         "access_log": None,
         "logger": http_server_logger(),
         "keepalive_timeout": settings.client_timeout_ms / 1000,
+        "lingering_time": LINGERING_S,
     }
 
 

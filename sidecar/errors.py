@@ -22,6 +22,7 @@ in the GoMind ToolResponse envelope; its ``details`` values are strings and carr
 from __future__ import annotations
 
 import enum
+import errno
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +50,11 @@ class AttemptError(enum.Enum):
     def local(self) -> bool:
         """The sidecar itself is saturated; the tool was never asked."""
         return self in (AttemptError.POOL_TIMEOUT, AttemptError.NO_FDS)
+
+
+def out_of_descriptors(exc: BaseException) -> bool:
+    """Whether ``exc`` says the process (or the system) has no file descriptor left."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
 
 
 class RequestTooLarge(Exception):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import errno
+import contextlib
+import os
+import resource
 import signal
 from typing import Any
 
@@ -12,6 +14,7 @@ from aiohttp import web
 
 from sidecar import __version__
 from sidecar.app import HOOKS, LIFECYCLE, PROXY, create_admin_app, create_app, server_kwargs
+from sidecar.errors import out_of_descriptors
 from sidecar.observe import Hooks
 from sidecar.settings import Settings, resolve_routes
 
@@ -20,6 +23,9 @@ from sidecar.settings import Settings, resolve_routes
 ACCEPT_BACKLOG = 4096
 # After the drain time, requests cut short get this long to write their last answer.
 _CUT_GRACE_S = 0.25
+# How often the count of open file descriptors is compared with the process's limit.
+_FD_CHECK_INTERVAL_S = 1.0
+_FD_USE_REPORTED = 0.95
 
 
 async def serve(settings: Settings) -> None:
@@ -39,6 +45,7 @@ async def serve(settings: Settings) -> None:
     app = create_app(settings)
     lifecycle = app[LIFECYCLE]
     _report_descriptor_exhaustion(loop, app[HOOKS])
+    fd_watch = asyncio.create_task(_watch_descriptors(app[HOOKS]))
     proxy_runner = web.AppRunner(app, shutdown_timeout=_CUT_GRACE_S, **server_kwargs(settings))
     admin_runner = web.AppRunner(create_admin_app(app), access_log=None)
     await proxy_runner.setup()
@@ -63,6 +70,9 @@ async def serve(settings: Settings) -> None:
             await site.stop()
         await app[PROXY].drain(settings.drain_timeout_ms / 1000)
     finally:
+        fd_watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fd_watch
         # The admin app outlives the drain, so /readyz answers 503 while requests finish.
         await proxy_runner.cleanup()
         await admin_runner.cleanup()
@@ -71,14 +81,34 @@ async def serve(settings: Settings) -> None:
     log.info("sidecar_stopped")
 
 
+async def _watch_descriptors(hooks: Hooks) -> None:
+    """Report when the process is about to run out of file descriptors.
+
+    Out of descriptors, new agents' connections are dropped at accept (libuv, under
+    uvloop, accepts and closes them without a word) and the tool cannot be reached:
+    the sidecar's own saturation, which must not pass for the tool's failure.
+    """
+    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    while limit != resource.RLIM_INFINITY:
+        await asyncio.sleep(_FD_CHECK_INTERVAL_S)
+        try:
+            exhausted = len(os.listdir("/proc/self/fd")) >= limit * _FD_USE_REPORTED
+        except OSError as exc:  # listing takes a descriptor too
+            if not out_of_descriptors(exc):
+                return  # no /proc: nothing to watch with
+            exhausted = True
+        if exhausted:
+            hooks.sidecar_overloaded(None, "fd_exhausted")
+
+
 def _report_descriptor_exhaustion(loop: asyncio.AbstractEventLoop, hooks: Hooks) -> None:
-    """Out of file descriptors, the event loop cannot accept connections and logs a
+    """Out of file descriptors, asyncio's own loop cannot accept connections and logs a
     traceback per try; say it once per interval as the sidecar's own overload instead."""
     previous = loop.get_exception_handler()
 
     def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
-        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        if isinstance(exc, OSError) and out_of_descriptors(exc):
             hooks.sidecar_overloaded(None, "fd_exhausted")
         elif previous is not None:
             previous(loop, context)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import errno
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from sidecar.envelopes import first_event
-from sidecar.errors import AttemptError
+from sidecar.errors import AttemptError, out_of_descriptors
 
 # RFC 9110 §7.6.1 plus the proxy-only fields RFC 2616 named; anything listed in
 # ``Connection`` is hop-by-hop as well.
@@ -81,8 +80,7 @@ class _Progress:
 
     def error(self, exc: BaseException | None) -> AttemptError:
         """The attempt error for a failure (``None``: the per-try timeout) at this stage."""
-        os_error = getattr(exc, "os_error", exc)
-        if isinstance(os_error, OSError) and os_error.errno in (errno.EMFILE, errno.ENFILE):
+        if out_of_descriptors(getattr(exc, "os_error", exc)):
             return AttemptError.NO_FDS
         if self.stage is _Stage.QUEUED:
             return AttemptError.POOL_TIMEOUT

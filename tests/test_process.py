@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -17,6 +19,7 @@ import pytest
 from aiohttp import web
 
 from sidecar import __version__
+from tests.conftest import unused_port
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -85,9 +88,19 @@ class RunningSidecar:
 
 
 @asynccontextmanager
-async def sidecar_process(upstream: str) -> AsyncIterator[RunningSidecar]:
-    """``tool-retry-sidecar serve`` in a child process on free ports; killed if it outlives us."""
-    env = {**_clean_env(), "SIDECAR_HOST": "127.0.0.1"}
+async def sidecar_process(
+    upstream: str, *, max_fds: int | None = None, **settings: str
+) -> AsyncIterator[RunningSidecar]:
+    """``tool-retry-sidecar serve`` in a child process on free ports; killed if it outlives us.
+
+    ``settings`` are extra environment variables; ``max_fds`` limits its file descriptors.
+    """
+    env = {**_clean_env(), "SIDECAR_HOST": "127.0.0.1", **settings}
+
+    def limit_descriptors() -> None:
+        if max_fds is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
+
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -101,6 +114,7 @@ async def sidecar_process(upstream: str) -> AsyncIterator[RunningSidecar]:
         "0",
         env=env,
         stdout=asyncio.subprocess.PIPE,
+        preexec_fn=limit_descriptors,
     )
     assert process.stdout is not None
     first = await asyncio.wait_for(process.stdout.readline(), timeout=20)
@@ -153,6 +167,59 @@ async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server)
     assert events[0] == "sidecar_started"
     assert events[-2:] == ["shutdown_started", "sidecar_stopped"]
     assert all(line.startswith("{") for line in sidecar.lines)
+
+
+async def test_drain_time_running_out_answers_waiting_calls_and_exits_in_time(aiohttp_server):
+    reached_tool = asyncio.Event()
+
+    async def hangs(request: web.Request) -> web.Response:
+        reached_tool.set()
+        await asyncio.sleep(30)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/hangs", hangs)
+    tool = await aiohttp_server(app)
+    drain_s = 1.0
+    async with sidecar_process(
+        str(tool.make_url("/")), SIDECAR_DRAIN_TIMEOUT_MS=str(int(drain_s * 1000))
+    ) as sidecar:
+        exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
+        async with aiohttp.ClientSession() as agent:
+            in_flight = asyncio.create_task(agent.post(f"{sidecar.proxy}/hangs", json={}))
+            await asyncio.wait_for(reached_tool.wait(), timeout=5)
+            signalled = asyncio.get_running_loop().time()
+            sidecar.process.send_signal(signal.SIGTERM)
+
+            response = await asyncio.wait_for(in_flight, timeout=10)
+            body = await response.json()
+            assert await asyncio.wait_for(exit_code, timeout=10) == 0
+            exited_after = asyncio.get_running_loop().time() - signalled
+
+    assert response.status == 504
+    assert body["error"]["code"] == "UPSTREAM_TIMEOUT"
+    assert body["error"]["details"]["reason"] == "shutdown"
+    # The drain time, then well under a second to answer and stop (0.1 took twice as long).
+    assert exited_after < drain_s + 1.5
+
+
+async def test_running_out_of_file_descriptors_is_logged_as_the_sidecars_own_overload():
+    async with sidecar_process(f"http://127.0.0.1:{unused_port()}", max_fds=64) as sidecar:
+        port = int(sidecar.proxy.rsplit(":", 1)[1])
+        agents = [socket.create_connection(("127.0.0.1", port)) for _ in range(80)]
+        try:
+            assert sidecar.process.stdout is not None
+            line = await asyncio.wait_for(sidecar.process.stdout.readline(), timeout=10)
+        finally:
+            for agent in agents:
+                agent.close()
+
+    event = json.loads(line)
+    assert (event["event"], event["reason"], event["level"]) == (
+        "sidecar_overloaded",
+        "fd_exhausted",
+        "error",
+    )
 
 
 @pytest.mark.slow
