@@ -53,24 +53,31 @@ class Tool:
         return str(self.server.make_url("/"))
 
 
-class RecordingSleep:
-    """Stands in for ``asyncio.sleep``: records each wait and returns at once."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-
 class FakeClock:
-    """A monotonic clock that moves only when a test moves it."""
+    """A monotonic clock that moves only when a test, or a ``RecordingSleep``, moves it."""
 
     def __init__(self) -> None:
         self.now = 1000.0
 
     def __call__(self) -> float:
         return self.now
+
+
+class RecordingSleep:
+    """Stands in for ``asyncio.sleep``: records each wait and returns at once.
+
+    Given a ``FakeClock``, each wait moves that clock on by its length, so waiting uses up
+    deadlines, budgets and circuit windows exactly as real time would.
+    """
+
+    def __init__(self, clock: FakeClock | None = None) -> None:
+        self.waits: list[float] = []
+        self._clock = clock
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        if self._clock is not None:
+            self._clock.now += seconds
 
 
 @dataclass
@@ -142,7 +149,7 @@ def make_sidecar(aiohttp_client: Any) -> Callable[..., Awaitable[Sidecar]]:
         if isinstance(upstream, Tool):
             upstream = upstream.url
         registry = CollectorRegistry()
-        sleep = sleep or RecordingSleep()
+        sleep = sleep or RecordingSleep(clock if isinstance(clock, FakeClock) else None)
         configuration = load_settings(upstream_url=upstream, **settings)
         app = create_app(configuration, registry=registry, sleep=sleep, clock=clock)
         # Served as in production; TestServer sets handler_cancellation itself.

@@ -428,6 +428,18 @@ async def test_deadline_cuts_a_slow_attempt(make_tool, make_sidecar):
     assert response.headers["X-Sidecar-Attempts"] == "1"
 
 
+async def test_waiting_uses_up_the_deadline(make_tool, make_sidecar):
+    """Retry-After: 2 each time and a 5 s deadline: two waits fit, the third does not."""
+    tool = await make_tool(scripted(json_answer(503, {}, {"Retry-After": "2"})))
+    sidecar = await make_sidecar(tool, clock=FakeClock(), request_timeout_ms=5000, max_retries=10)
+
+    response = await sidecar.client.get("/")
+
+    assert response.headers["X-Sidecar-Outcome"] == "deadline"
+    assert len(sidecar.sleep.waits) == 2
+    assert len(tool.seen) == 3
+
+
 async def test_max_retries_header_lowers_but_never_raises(make_tool, make_sidecar):
     tool = await make_tool(scripted(UNAVAILABLE))
     sidecar = await make_sidecar(tool, max_retries=2, circuit_failures=0)
