@@ -120,6 +120,14 @@ def finish(circuit: CircuitBreaker, failed: bool, count: int = 1) -> None:
         circuit.record(ticket, failed)
 
 
+def due_for_probes(clock: FakeClock, **overrides) -> CircuitBreaker:
+    """A circuit that opened on five failed requests and whose open time has passed."""
+    circuit = breaker(clock, **overrides)
+    finish(circuit, failed=True, count=5)
+    clock.now += 5
+    return circuit
+
+
 def test_circuit_counts_requests_and_opens_on_a_failure_rate_past_a_minimum():
     circuit = breaker(FakeClock())
     finish(circuit, failed=False, count=20)
@@ -148,10 +156,7 @@ def test_circuit_window_forgets_old_verdicts():
 
 
 def test_half_open_lets_a_few_probes_through_and_closes_after_they_succeed():
-    clock = FakeClock()
-    circuit = breaker(clock)
-    finish(circuit, failed=True, count=5)
-    clock.now += 5
+    circuit = due_for_probes(FakeClock())
     first, second = circuit.admit(), circuit.admit()
     assert isinstance(first, Ticket) and first.probe
     assert isinstance(second, Ticket) and second.probe
@@ -166,10 +171,7 @@ def test_half_open_lets_a_few_probes_through_and_closes_after_they_succeed():
 
 
 def test_one_failed_probe_reopens_and_the_other_probe_no_longer_counts():
-    clock = FakeClock()
-    circuit = breaker(clock)
-    finish(circuit, failed=True, count=5)
-    clock.now += 5
+    circuit = due_for_probes(FakeClock())
     first, second = circuit.admit(), circuit.admit()
     assert isinstance(first, Ticket) and isinstance(second, Ticket)
     circuit.record(first, failed=True)
@@ -203,10 +205,7 @@ def test_late_verdicts_from_an_older_generation_change_nothing():
 
 
 def test_an_abandoned_probe_frees_its_place():
-    clock = FakeClock()
-    circuit = breaker(clock, probes=1)
-    finish(circuit, failed=True, count=5)
-    clock.now += 5
+    circuit = due_for_probes(FakeClock(), probes=1)
     probe = circuit.admit()
     assert isinstance(probe, Ticket)
     assert circuit.admit() == 0.0
