@@ -34,7 +34,7 @@ async def serve(settings: Settings) -> None:
     await proxy_runner.setup()
     await admin_runner.setup()
     try:
-        await web.TCPSite(admin_runner, settings.host, settings.admin_port).start()
+        await web.TCPSite(admin_runner, settings.admin_host, settings.admin_port).start()
         await web.TCPSite(proxy_runner, settings.host, settings.port).start()
         lifecycle.ready = True
         log.info(
