@@ -25,14 +25,7 @@ ROOT = MANIFESTS.parent.parent
 VERSIONS = ("1.29.0", kubernetes_validate.latest_version())
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod"}
 
-# Each manifest with the options a user of it would give.
-CASES = {
-    "agent-and-service": ["--agent-env", "TOOL_BASE_URL", "--llm-secret", "openai/api-key"],
-    "crowded-pod": ["--agent-env", "TOOLS_URL", "--agent-container", "planner", "--config"],
-    "batch": ["--agent-env", "TOOL_BASE_URL"],
-    "kubectl-list": ["--agent-env", "TOOL_BASE_URL", "--no-native", "--config"],
-    "bare-pod": ["--agent-env", "OPENAI_TOOLS_BASE", "--image", "registry.example/trs:0.1.0"],
-}
+CASES = yaml.safe_load((MANIFESTS / "cases.yaml").read_text())
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str, stdin: str = "") -> tuple[int, str, str]:
@@ -47,8 +40,8 @@ def run(capsys: pytest.CaptureFixture[str], *args: str, stdin: str = "") -> tupl
 
 
 def options(case: str) -> list[str]:
-    args = CASES[case]
-    return [*args, str(MANIFESTS / "routes.yaml")] if args[-1] == "--config" else args
+    routes = str(MANIFESTS / "routes.yaml")
+    return [routes if arg == "ROUTES" else arg for arg in CASES[case]]
 
 
 def inject_case(capsys: pytest.CaptureFixture[str], case: str, *extra: str) -> tuple[int, str, str]:
