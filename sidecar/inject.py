@@ -54,6 +54,7 @@ WORKLOAD_KINDS = frozenset(
 MANAGED_BY = ("app.kubernetes.io/managed-by", SIDECAR_NAME)
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _CONFIG_KEY_CHARS = re.compile(r"[-._a-zA-Z0-9]+")
+_ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
 
 
 @dataclass
@@ -110,9 +111,11 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--agent-env",
-        metavar="NAME",
-        help="set this variable of the agent containers to the sidecar's URL; "
-        "its old value is the default upstream",
+        action="append",
+        default=[],
+        metavar="NAME[=PATH]",
+        help="set this variable of the agent containers to the sidecar's URL (plus PATH, a "
+        "route's prefix; repeatable); without PATH its old value is the default upstream",
     )
     parser.add_argument(
         "--agent-container",
@@ -176,10 +179,18 @@ def _sidecar(args: argparse.Namespace) -> tuple[Sidecar, str | None]:
         upstream=args.upstream,
         config_map=args.config_map,
         llm_secret=llm_secret,
-        agent_env=args.agent_env,
+        agent_env=tuple(_agent_env(option) for option in args.agent_env),
         agent_containers=frozenset(args.agent_container),
     )
     return sidecar, config_text
+
+
+def _agent_env(option: str) -> tuple[str, str]:
+    """``NAME`` or ``NAME=/prefix``."""
+    name, _, path = option.partition("=")
+    if not _ENV_NAME.fullmatch(name) or (path and not path.startswith("/")):
+        raise ConfigError(f"--agent-env: expected NAME or NAME=/path, got {option!r}")
+    return name, path.rstrip("/")
 
 
 def _read_config(path: str, upstream: str | None) -> str:

@@ -58,12 +58,12 @@ class Sidecar:
     config_checksum: str | None = None
     config_generated: bool = False
     llm_secret: tuple[str, str] | None = None
-    agent_env: str | None = None
+    # (variable, path): each variable becomes the sidecar's URL plus its route's path.
+    agent_env: tuple[tuple[str, str], ...] = ()
     agent_containers: frozenset[str] = frozenset()
 
-    @property
-    def agent_url(self) -> str:
-        return f"http://localhost:{self.port}"
+    def agent_url(self, path: str = "") -> str:
+        return f"http://localhost:{self.port}{path}"
 
 
 @dataclass
@@ -148,10 +148,11 @@ def add(template: Any, sidecar: Sidecar, places: Places | None = None) -> tuple[
         annotations[CHECKSUM_ANNOTATION] = sidecar.config_checksum
         status.annotations.append(CHECKSUM_ANNOTATION)
 
-    if sidecar.agent_env:
-        for agent in agents:
-            original = _point_agent(agent, sidecar.agent_env, sidecar.agent_url, places)
-            status.agent_env[agent["name"]] = {sidecar.agent_env: original}
+    for agent in agents:
+        status.agent_env[agent["name"]] = {
+            name: _point_agent(agent, name, sidecar.agent_url(path), places)
+            for name, path in sidecar.agent_env
+        }
 
     annotations[STATUS_ANNOTATION] = status.to_json()
     return status, warnings
@@ -227,22 +228,23 @@ def _agent_containers(spec: Any, sidecar: Sidecar) -> list[Any]:
 
 
 def _upstream_from_agents(agents: list[Any], sidecar: Sidecar) -> str | None:
-    """The tool the agents called before: the URL their variable held."""
+    """The tool the agents called before: the one URL their (path-less) variable held."""
     if sidecar.config_map:
         return None
+    names = {name for name, path in sidecar.agent_env if not path}
     urls = set()
     for agent in agents:
         for entry in agent.get("env") or []:
-            if entry.get("name") == sidecar.agent_env and isinstance(entry.get("value"), str):
+            if entry.get("name") in names and isinstance(entry.get("value"), str):
                 urls.add(str(entry["value"]))
-    urls.discard(sidecar.agent_url)
+    urls.discard(sidecar.agent_url())
     if len(urls) == 1:
         url = URL(urls.pop())
         if url.scheme in ("http", "https") and url.host:
             return str(url)
+    held = f" ({', '.join(sorted(names))} holds no single http(s) URL)" if agents and names else ""
     raise InjectError(
-        "no upstream for the sidecar: give --upstream URL or --config FILE with routes"
-        + (f" (the containers' {sidecar.agent_env} holds no single http(s) URL)" if agents else "")
+        f"no upstream for the sidecar: give --upstream URL or --config FILE with routes{held}"
     )
 
 

@@ -400,3 +400,31 @@ async def test_the_injected_environment_keeps_the_proxy_on_loopback_and_admin_re
     finally:
         process.kill()
         await process.wait()
+
+
+def test_each_tool_variable_points_at_its_route_and_comes_back_on_uninject(capsys, tmp_path):
+    manifest = tmp_path / "two-tools.yaml"
+    manifest.write_text(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: two-tools\nspec:\n"
+        "  selector:\n    matchLabels: {app: a}\n  template:\n    metadata:\n"
+        "      labels: {app: a}\n    spec:\n      containers:\n      - name: agent\n"
+        "        image: agent:1\n        env:\n        - name: WEATHER_URL\n"
+        '          value: "http://weather-tool.tools.svc:8080"\n'
+    )
+    routes = str(MANIFESTS / "routes.yaml")
+    agent_env = ["--agent-env", "WEATHER_URL=/weather", "--agent-env", "SEARCH_URL=/search/"]
+    code, out, _ = run(capsys, str(manifest), "--config", routes, *agent_env)
+    assert code == 0
+    deployment, _ = objects(out)
+    env = env_of(pod_spec(deployment)["containers"][0])
+
+    assert env["WEATHER_URL"] == "http://localhost:8090/weather"
+    assert env["SEARCH_URL"] == "http://localhost:8090/search"
+    assert "SIDECAR_UPSTREAM_URL" not in env_of(sidecar_of(pod_spec(deployment))[1])
+
+    (tmp_path / "injected.yaml").write_text(out)
+    code, back, _ = run(capsys, "--uninject", str(tmp_path / "injected.yaml"))
+    assert back == manifest.read_text()
+
+    code, _, err = run(capsys, str(manifest), "--agent-env", "WEATHER_URL=weather")
+    assert code == 2 and "--agent-env: expected NAME or NAME=/path" in err
