@@ -17,9 +17,15 @@ from ruamel.yaml import YAML
 from ruamel.yaml.error import YAMLError
 
 _MARKER = re.compile(r"---(?:[ \t]|$)")
-# (mapping indent, offset of a sequence's dash under its key): the styles seen in practice,
-# most common first. kubectl writes (2, 0); editors and Helm charts mostly write (2, 2).
-_STYLES = ((2, 0), (2, 2), (4, 0), (4, 2), (4, 4), (2, 4))
+# (mapping indent, offset of a sequence's dash under its key, how null is spelled): the
+# styles seen in practice, most common first. kubectl writes (2, 0, "null"); editors and Helm
+# charts mostly indent dashes by 2.
+Style = tuple[int, int, str]
+_STYLES: tuple[Style, ...] = tuple(
+    (mapping, offset, null)
+    for null in ("null", "")
+    for mapping, offset in ((2, 0), (2, 2), (4, 0), (4, 2), (4, 4), (2, 4))
+)
 
 
 class ManifestError(Exception):
@@ -41,7 +47,7 @@ class Document:
         """Write the (changed) content in place of the text, in the text's own style."""
         self.text = dump(self.data, self.style())
 
-    def style(self) -> tuple[int, int]:
+    def style(self) -> Style:
         return guess_style(self.text, load(self.text))
 
 
@@ -82,18 +88,21 @@ def join(documents: list[Document]) -> str:
     return out
 
 
-def new_document(data: Any, style: tuple[int, int]) -> Document:
+def new_document(data: Any, style: Style) -> Document:
     """A document made here (a generated ConfigMap), written in the stream's style."""
     return Document("---\n", dump(data, style), data)
 
 
-def _yaml(style: tuple[int, int] = _STYLES[0]) -> YAML:
+def _yaml(style: Style = _STYLES[0]) -> YAML:
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
     # Long values (a JSON annotation, an image digest) stay on one line as they were.
     yaml.width = 1 << 16
-    mapping, offset = style
+    mapping, offset, null = style
     yaml.indent(mapping=mapping, sequence=offset + 2, offset=offset)
+    yaml.representer.add_representer(
+        type(None), lambda r, _: r.represent_scalar("tag:yaml.org,2002:null", null)
+    )
     return yaml
 
 
@@ -106,13 +115,13 @@ def load(text: str, index: int = 0) -> Any:
         raise ManifestError(f"document {index + 1} is not valid YAML{where}") from None
 
 
-def dump(data: Any, style: tuple[int, int] = _STYLES[0]) -> str:
+def dump(data: Any, style: Style = _STYLES[0]) -> str:
     out = io.StringIO()
     _yaml(style).dump(data, out)
     return out.getvalue()
 
 
-def guess_style(text: str, data: Any) -> tuple[int, int]:
+def guess_style(text: str, data: Any) -> Style:
     """The indentation that writes ``data`` back closest to how ``text`` has it."""
     lines = set(text.splitlines())
     best, best_score = _STYLES[0], -1
@@ -126,7 +135,7 @@ def guess_style(text: str, data: Any) -> tuple[int, int]:
     return best
 
 
-def stream_style(documents: list[Document]) -> tuple[int, int]:
+def stream_style(documents: list[Document]) -> Style:
     """The style of the first document with content, for documents made from scratch."""
     for document in documents:
         if isinstance(document.data, dict):
