@@ -55,6 +55,8 @@ MANAGED_BY = ("app.kubernetes.io/managed-by", SIDECAR_NAME)
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _CONFIG_KEY_CHARS = re.compile(r"[-._a-zA-Z0-9]+")
 _ENV_NAME = re.compile(r"[-._a-zA-Z][-._a-zA-Z0-9]*")
+# A resource's (namespace, name).
+Key = tuple[str | None, str]
 
 
 @dataclass
@@ -246,9 +248,6 @@ def uninject(text: str) -> Outcome:
     return outcome
 
 
-Key = tuple[str | None, str]
-
-
 class _Stream:
     """The documents being changed: each is rewritten at the end only if its content changed."""
 
@@ -308,11 +307,10 @@ def _inject_resource(
     """Inject one resource; the ConfigMap it needs, when inject makes one."""
     kind, name = resource.get("kind"), _name(resource)
     label = f'{str(kind).lower()} "{name}"'
-    templates = list(_pod_templates(resource))
-    if not templates:
+    template = _pod_template(resource)
+    if template is None:
         outcome.report.append(f"{label} skipped")
         return None
-    template = templates[0]
     config_map = None
     try:
         if has_foreign_sidecar(template):
@@ -350,19 +348,18 @@ def _inject_resource(
 
 def _uninject_resource(resource: Any, outcome: Outcome, released: set[Key]) -> None:
     label = f'{str(resource.get("kind")).lower()} "{_name(resource)}"'
-    for template in _pod_templates(resource):
-        try:
-            status = read_status(template)
-        except InjectError as exc:
-            raise InjectError(f"{label}: {exc}") from None
-        if status is None:
-            break
-        remove(template)
-        if status.config_map:
-            released.add((_namespace(resource), status.config_map))
-        outcome.report.append(f"{label} uninjected")
+    template = _pod_template(resource)
+    try:
+        status = read_status(template) if template is not None else None
+    except InjectError as exc:
+        raise InjectError(f"{label}: {exc}") from None
+    if status is None:
+        outcome.report.append(f"{label} skipped")
         return
-    outcome.report.append(f"{label} skipped")
+    remove(template)
+    if status.config_map:
+        released.add((_namespace(resource), status.config_map))
+    outcome.report.append(f"{label} uninjected")
 
 
 def _resources(data: Any) -> Iterator[Any]:
@@ -375,10 +372,11 @@ def _resources(data: Any) -> Iterator[Any]:
         yield data
 
 
-def _pod_templates(resource: Any) -> Iterator[Any]:
+def _pod_template(resource: Any) -> Any:
+    """The pod template of a workload (a Pod is its own), or None."""
     kind = resource.get("kind")
     if kind not in WORKLOAD_KINDS:
-        return
+        return None
     spec = resource.get("spec")
     if kind == "Pod":
         template = resource
@@ -387,7 +385,8 @@ def _pod_templates(resource: Any) -> Iterator[Any]:
     else:
         template = (spec or {}).get("template")
     if isinstance(template, dict) and isinstance(template.get("spec"), dict):
-        yield template
+        return template
+    return None
 
 
 def _config_map(workload: Any, config_text: str) -> CommentedMap:
