@@ -1,4 +1,4 @@
-"""Command line: ``serve`` (the default), ``demo`` and ``check-config``."""
+"""Command line: ``serve`` (the default), ``demo``, ``check-config`` and ``inject``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from sidecar import __version__
+from sidecar import __version__, inject
 from sidecar.demo.run import DEMO_SETTINGS, run_demo
 from sidecar.observe import configure_logging
 from sidecar.server import serve
@@ -47,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave the tool and the sidecar up afterwards and print curl lines to try",
     )
+    inject.add_parser(commands)
     return parser
 
 
@@ -71,6 +72,8 @@ def _run(main: Coroutine[Any, Any, _T]) -> _T:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "inject":
+        return inject.run(args)
     if args.command == "demo":
         configure_logging(DEMO_SETTINGS["log_level"], "console")
         try:

@@ -51,7 +51,7 @@ async def serve(settings: Settings) -> None:
     await proxy_runner.setup()
     await admin_runner.setup()
     try:
-        await web.TCPSite(admin_runner, settings.host, settings.admin_port).start()
+        await web.TCPSite(admin_runner, settings.admin_host, settings.admin_port).start()
         await web.TCPSite(
             proxy_runner, settings.host, settings.port, backlog=ACCEPT_BACKLOG
         ).start()

@@ -169,6 +169,9 @@ class Settings(Tuning, BaseSettings):
 
     host: str = "0.0.0.0"
     port: int = Field(8090, ge=0, le=65535)
+    # Apart from ``host`` so the proxy can stay on loopback while probes and scrapes reach
+    # the admin port from the pod network.
+    admin_host: str = "0.0.0.0"
     admin_port: int = Field(9464, ge=0, le=65535)
     upstream_url: AnyHttpUrl | None = None
     config_file: Path | None = None
