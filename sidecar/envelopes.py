@@ -13,11 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import brotli
 import orjson
+import zstandard
 
 # A compressed body is inflated for inspection only up to this size: a few hundred KiB of
 # JSON is plenty to judge, and a zip bomb inflates no further.
 MAX_INFLATED_BYTES = 1024 * 1024
+# The largest zstd window decoded: RFC 9659 asks HTTP encoders to stay within 8 MiB, and a
+# frame that asks for more would make the decoder allocate it.
+_ZSTD_MAX_WINDOW = 8 * 1024 * 1024
 # How much of an error body's text is kept for pattern matching (and, later, prompts).
 TEXT_SAMPLE_BYTES = 4096
 
@@ -56,19 +61,55 @@ class ToolFailure:
 
 
 def decoded_text(body: bytes, content_encoding: str | None) -> bytes | None:
-    """The body as the tool meant it: inflated when gzip/deflate, ``None`` if it won't inflate."""
+    """The body as the tool meant it: inflated when gzip, deflate, br or zstd (at most
+    ``MAX_INFLATED_BYTES`` of it), ``None`` if it won't inflate."""
     encoding = (content_encoding or "").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding in ("gzip", "x-gzip", "deflate"):
-        wbits = zlib.MAX_WBITS | 32 if encoding != "deflate" else zlib.MAX_WBITS
-        for bits in (wbits, -zlib.MAX_WBITS):  # deflate is sometimes sent raw
-            try:
-                inflater = zlib.decompressobj(bits)
-                return inflater.decompress(body, MAX_INFLATED_BYTES)
-            except zlib.error:
-                continue
+        return _inflate_zlib(body, encoding)
+    if encoding == "br":
+        return _inflate_brotli(body)
+    if encoding == "zstd":
+        return _inflate_zstd(body)
     return None
+
+
+def _inflate_zlib(body: bytes, encoding: str) -> bytes | None:
+    wbits = zlib.MAX_WBITS | 32 if encoding != "deflate" else zlib.MAX_WBITS
+    for bits in (wbits, -zlib.MAX_WBITS):  # deflate is sometimes sent raw
+        try:
+            inflater = zlib.decompressobj(bits)
+            return inflater.decompress(body, MAX_INFLATED_BYTES)
+        except zlib.error:
+            continue
+    return None
+
+
+def _inflate_brotli(body: bytes) -> bytes | None:
+    try:
+        # The limit stops the output buffer growing; it may overshoot by one step.
+        inflated = brotli.Decompressor().process(body, output_buffer_limit=MAX_INFLATED_BYTES)
+    except brotli.error:
+        return None
+    return inflated[:MAX_INFLATED_BYTES]
+
+
+def _inflate_zstd(body: bytes) -> bytes | None:
+    decompressor = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
+    pieces: list[bytes] = []
+    size = 0
+    try:
+        with decompressor.stream_reader(body, read_across_frames=True) as reader:
+            while size < MAX_INFLATED_BYTES:
+                piece = reader.read(MAX_INFLATED_BYTES - size)
+                if not piece:
+                    break
+                pieces.append(piece)
+                size += len(piece)
+    except zstandard.ZstdError:
+        return None
+    return b"".join(pieces)
 
 
 def parse_json(body: bytes) -> Any:
