@@ -6,17 +6,16 @@ FastAPI answered — and so is what its handlers got after pydantic validated it
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import orjson
 import pytest
-import uvicorn
 from fastapi import FastAPI, Query
 from pydantic import BaseModel, Field
+
+from tests.asgi import uvicorn_serving
 
 
 class Num(BaseModel):
@@ -43,7 +42,7 @@ class Received:
 
 @dataclass
 class FastApiTool:
-    url: str
+    url: str = ""
     received: list[Received] = field(default_factory=list)
     validated: list[dict[str, Any]] = field(default_factory=list)
 
@@ -89,24 +88,10 @@ def recording(app: Any, tool: FastApiTool) -> Any:
 
 @pytest.fixture
 async def fastapi_tool() -> AsyncIterator[FastApiTool]:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    tool = FastApiTool(f"http://127.0.0.1:{listener.getsockname()[1]}")
-    server = uvicorn.Server(
-        uvicorn.Config(
-            recording(build_app(tool), tool), lifespan="off", log_config=None, access_log=False
-        )
-    )
-    serving = asyncio.create_task(server.serve(sockets=[listener]))
-    async with asyncio.timeout(10):
-        while not server.started:
-            if serving.done():
-                serving.result()  # uvicorn failed to start: say why
-            await asyncio.sleep(0.01)
-    yield tool
-    server.should_exit = True
-    await asyncio.wait_for(serving, 10)
-    listener.close()
+    tool = FastApiTool()
+    async with uvicorn_serving(recording(build_app(tool), tool)) as url:
+        tool.url = url
+        yield tool
 
 
 JSON = {"Content-Type": "application/json"}
