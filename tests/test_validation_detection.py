@@ -16,17 +16,28 @@ from pydantic_core.core_schema import ErrorType
 
 from sidecar.classify import Action, Reply, classify
 from sidecar.envelopes import parse_failure
-from sidecar.validation import FIXABLE_TYPES, LEFT_OUT_TYPES
+from sidecar.validation import FIXABLE_TYPES, LEFT_OUT_TYPES, Finding, find
 
 RETRY_ON = frozenset({500, 502, 503, 504})
 
 
 def test_every_pydantic_error_type_is_decided_once():
-    known = set(typing.get_args(ErrorType))
+    """The table was written against pydantic-core 2.46. A tool may run an older or newer
+    pydantic than this suite: a type the table does not name is judged by its message
+    (next test), so a new pydantic release changes no verdict and fails no build."""
     decided = FIXABLE_TYPES | set(LEFT_OUT_TYPES)
     assert FIXABLE_TYPES.isdisjoint(LEFT_OUT_TYPES)
-    assert known - decided == set(), "new pydantic error types: fixable or left out?"
-    assert decided - known == set(), "no longer pydantic error types"
+    assert len(decided & set(typing.get_args(ErrorType))) >= 100
+
+
+@pytest.mark.parametrize(
+    ("message", "fixable"),
+    [("Input should be a valid postcode", True), ("the moon is not in phase", False)],
+)
+def test_an_error_type_the_table_does_not_name_is_judged_by_its_message(message, fixable):
+    detail = [{"type": "a_type_from_a_newer_pydantic", "loc": ["body", "zip"], "msg": message}]
+    text = orjson.dumps({"detail": detail}).decode()
+    assert (find("", text) is Finding.IN_BODY) is fixable
 
 
 class Units(enum.Enum):
