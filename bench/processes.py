@@ -1,0 +1,91 @@
+"""The processes a benchmark starts: each one remembered, and each one stopped by its PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# The sidecar listens on 0.0.0.0 by default; a benchmark keeps it on loopback. This
+# changes where it listens, nothing of how it behaves.
+SIDECAR_ON_LOOPBACK = {"SIDECAR_HOST": "127.0.0.1", "SIDECAR_ADMIN_HOST": "127.0.0.1"}
+
+
+@dataclass
+class Running:
+    name: str
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+@dataclass
+class Bench:
+    workdir: Path
+    running: list[Running] = field(default_factory=list)
+
+    def start(
+        self,
+        name: str,
+        core: str | None,
+        *command: str,
+        env: dict[str, str] | None = None,
+        inherit_env: bool = True,
+    ) -> Running:
+        """Start ``command``, pinned to ``core`` with taskset unless that is ``None``; its
+        stderr goes to ``<workdir>/<name>.err``. ``inherit_env=False``: ``env`` is all it gets."""
+        pinned = ["taskset", "-c", core] if core is not None else []
+        with open(self.workdir / f"{name}.err", "wb") as errors:
+            process = subprocess.Popen(
+                [*pinned, *command],
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                env={**(os.environ if inherit_env else {}), **(env or {})},
+            )
+        running = Running(name, process)
+        self.running.append(running)
+        return running
+
+    def check_alive(self) -> None:
+        """Stop with the process's own words if anything we started has died."""
+        for running in self.running:
+            if running.process.poll() is not None:
+                errors = (self.workdir / f"{running.name}.err").read_text(errors="replace")
+                raise RuntimeError(f"{running.name} exited: {errors[-2000:]}")
+
+    def stop(self, running: Running) -> None:
+        running.stop()
+        self.running.remove(running)
+
+    def stop_all(self) -> None:
+        for running in reversed(self.running):
+            running.stop()
+        self.running.clear()
+
+
+def wait_for_port(port: int, timeout_s: float = 20) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port}")
+
+
+def free_port() -> int:
+    """A port nothing on 127.0.0.1 listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
