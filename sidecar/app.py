@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from yarl import URL
 
 from sidecar.engine import Clock, Engine, Sleep
 from sidecar.observe import Hooks, Metrics, http_server_logger
@@ -130,8 +131,13 @@ def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
         return None
     import openai
 
+    # The client appends each endpoint's path to the base URL's text, query included
+    # (``/v1?api-key=K`` would become ``/v1/?api-key=Kchat/completions``): a query such as
+    # Azure's ``api-key`` or ``api-version`` is passed as the default query instead.
+    base_url = URL(str(settings.llm_base_url)) if settings.llm_base_url else None
     return openai.AsyncOpenAI(
-        base_url=str(settings.llm_base_url) if settings.llm_base_url else None,
+        base_url=str(base_url.with_query(None)) if base_url else None,
+        default_query=dict(base_url.query) if base_url and base_url.query else None,
         # Local OpenAI-compatible servers need no key; the client insists on one.
         api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else "none",
         max_retries=0,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 import orjson
@@ -22,6 +23,7 @@ from prometheus_client import (
 )
 
 from sidecar import __version__
+from sidecar.credentials import MASK, is_secret_name, mask_credentials
 from sidecar.envelopes import ToolFailure
 from sidecar.policy import Wait
 
@@ -146,12 +148,57 @@ def http_server_logger() -> logging.Logger:
     return logger
 
 
+class _LevelGate(logging.Filter):
+    """The sidecar's own records from the configured level, everyone else's (httpx,
+    httpcore, openai, aiohttp, asyncio …) from WARNING at least: their debug and info
+    lines are free text, one per connection step, and print URLs as they were given.
+
+    The root logger's level does the same, but a library may set its own logger's level
+    (``OPENAI_LOG=debug`` does): this gate holds whatever they set.
+    """
+
+    def __init__(self, own_level: int) -> None:
+        super().__init__()
+        self._own_level = own_level
+        self._foreign_level = max(own_level, logging.WARNING)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        own = record.name == "sidecar" or record.name.startswith("sidecar.")
+        return record.levelno >= (self._own_level if own else self._foreign_level)
+
+
+def _mask_secrets(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    """A structlog processor: credentials out of a line's message, fields and traceback.
+
+    Values under secret-looking names are masked whole; every other text (and anything
+    the renderer would turn into text) loses URL userinfo, credential query values and
+    HTTP credentials.
+    """
+    return {name: _masked(name, value) for name, value in event.items()}
+
+
+def _masked(name: str, value: Any) -> Any:
+    if value is not None and is_secret_name(name):
+        return MASK
+    if isinstance(value, Mapping):
+        return {key: _masked(str(key), item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_masked(name, item) for item in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return mask_credentials(value if isinstance(value, str) else str(value))
+
+
 def _orjson_dumps(event: Any, **_: Any) -> str:
     return orjson.dumps(event, default=str).decode()
 
 
 def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> None:
-    """One JSON object per line on stdout (or coloured lines for people), aiohttp's too."""
+    """Every line the process logs, its own and its libraries', through one chain.
+
+    One JSON object per line on stdout (or coloured lines for people); credentials are
+    masked in each; libraries speak from WARNING up whatever the level.
+    """
     stream = stream or sys.stdout
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -163,27 +210,33 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
+    # Tracebacks become text first, so the masking reaches them too.
+    last = [structlog.processors.format_exc_info, _mask_secrets, renderer]
     numeric_level = logging.getLevelName(level.upper())
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        processors=[*shared, *last],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(stream)
+    handler.addFilter(_LevelGate(numeric_level))
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.format_exc_info,
-                renderer,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *last],
+            foreign_pre_chain=[
+                *shared,
+                structlog.stdlib.add_logger_name,
+                structlog.stdlib.ExtraAdder(),
             ],
-            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
         )
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(numeric_level)
+    root.setLevel(max(numeric_level, logging.WARNING))
+    logging.getLogger("sidecar").setLevel(numeric_level)
+    # Python's warnings (a coroutine never awaited, a deprecation) are lines too.
+    logging.captureWarnings(True)
 
 
 # Outcomes in which the sidecar stopped trying while the tool was still failing.

@@ -4,43 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from sidecar import __version__
+from tests.processes import run_cli, sidecar_process
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**_clean_env(), **(env or {})},
-    )
-
-
-def _clean_env() -> dict[str, str]:
-    return {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(("SIDECAR_", "GOMIND_AGENT_", "OPENAI_"))
-    }
-
-
-def test_version():
+def test_version_from_the_console_script_and_python_m():
     result = run_cli("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"tool-retry-sidecar {__version__}"
+
+    module = subprocess.run(
+        [sys.executable, "-m", "sidecar", "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert module.stdout == result.stdout
 
 
 def test_check_config_prints_the_effective_configuration_with_secrets_masked():
@@ -68,52 +52,6 @@ def test_bad_configuration_fails_with_one_line_and_exit_2():
         assert result.stderr.strip().splitlines() == [
             "configuration error: port (SIDECAR_PORT): Input should be greater than or equal to 0"
         ]
-
-
-class RunningSidecar:
-    def __init__(self, process: asyncio.subprocess.Process, started: dict[str, Any]) -> None:
-        self.process = process
-        self.proxy = f"http://127.0.0.1:{started['proxy_port']}"
-        self.admin = f"http://127.0.0.1:{started['admin_port']}"
-        self.lines: list[str] = []
-
-    async def read_lines_until_exit(self) -> int:
-        assert self.process.stdout is not None
-        async for line in self.process.stdout:
-            self.lines.append(line.decode())
-        return await self.process.wait()
-
-
-@asynccontextmanager
-async def sidecar_process(upstream: str) -> AsyncIterator[RunningSidecar]:
-    """``tool-retry-sidecar serve`` in a child process on free ports; killed if it outlives us."""
-    env = {**_clean_env(), "SIDECAR_HOST": "127.0.0.1"}
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "sidecar",
-        "serve",
-        "--upstream",
-        upstream,
-        "--port",
-        "0",
-        "--admin-port",
-        "0",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-    )
-    assert process.stdout is not None
-    first = await asyncio.wait_for(process.stdout.readline(), timeout=20)
-    started = json.loads(first)
-    assert started["event"] == "sidecar_started"
-    running = RunningSidecar(process, started)
-    running.lines.append(first.decode())
-    try:
-        yield running
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
 
 
 async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server):
