@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import socket
 
 import structlog
 from aiohttp import web
@@ -11,6 +13,25 @@ from aiohttp import web
 from sidecar import __version__
 from sidecar.app import LIFECYCLE, SERVER_KWARGS, create_admin_app, create_app
 from sidecar.settings import Settings, resolve_routes
+
+
+class StartupError(Exception):
+    """The sidecar could not start serving, stated in one line that is safe to print."""
+
+
+async def _listen(runner: web.AppRunner, host: str, port: int, role: str) -> None:
+    """Listen on ``host``:``port`` for ``role``, or say in one line why that is impossible."""
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except socket.gaierror as exc:
+        raise StartupError(
+            f"cannot listen on {host} (SIDECAR_HOST): not an address of this machine "
+            f"or a name that resolves ({exc.strerror})"
+        ) from None
+    except OSError as exc:
+        # asyncio puts the address into the message; the errno alone says what went wrong.
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise StartupError(f"cannot listen on {host}:{port}, the {role}: {reason}") from None
 
 
 async def serve(settings: Settings) -> None:
@@ -34,8 +55,10 @@ async def serve(settings: Settings) -> None:
     await proxy_runner.setup()
     await admin_runner.setup()
     try:
-        await web.TCPSite(admin_runner, settings.host, settings.admin_port).start()
-        await web.TCPSite(proxy_runner, settings.host, settings.port).start()
+        await _listen(
+            admin_runner, settings.host, settings.admin_port, "admin port (SIDECAR_ADMIN_PORT)"
+        )
+        await _listen(proxy_runner, settings.host, settings.port, "proxy port (SIDECAR_PORT)")
         lifecycle.ready = True
         log.info(
             "sidecar_started",

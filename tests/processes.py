@@ -49,19 +49,32 @@ class RunningSidecar:
             self.lines.append(line.decode())
         return await self.process.wait()
 
+    def logged(self) -> list[dict[str, Any]]:
+        """Every line written so far, each a JSON object."""
+        return [json.loads(line) for line in self.lines]
+
+
+async def _lines_until_started(process: asyncio.subprocess.Process) -> list[str]:
+    assert process.stdout is not None
+    lines: list[str] = []
+    while not lines or json.loads(lines[-1])["event"] != "sidecar_started":
+        line = (await process.stdout.readline()).decode()
+        assert line, f"exited before it started: {lines}"
+        lines.append(line)
+    return lines
+
 
 @asynccontextmanager
 async def sidecar_process(
-    upstream: str, env: dict[str, str] | None = None
+    upstream: str, env: dict[str, str] | None = None, *, command: tuple[str, ...] = ("serve",)
 ) -> AsyncIterator[RunningSidecar]:
     """``tool-retry-sidecar serve`` in a child process on free ports; killed if it outlives us.
 
-    Its stderr joins its stdout in ``lines``: every byte it writes is there, and its first
-    line must be ``sidecar_started``.
+    Its stderr joins its stdout in ``lines``: every byte it writes is there.
     """
     process = await asyncio.create_subprocess_exec(
         CONSOLE_SCRIPT,
-        "serve",
+        *command,
         "--upstream",
         upstream,
         "--port",
@@ -72,13 +85,10 @@ async def sidecar_process(
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
     )
-    assert process.stdout is not None
-    first = await asyncio.wait_for(process.stdout.readline(), timeout=20)
-    started = json.loads(first)
-    assert started["event"] == "sidecar_started"
-    running = RunningSidecar(process, started)
-    running.lines.append(first.decode())
     try:
+        lines = await asyncio.wait_for(_lines_until_started(process), timeout=20)
+        running = RunningSidecar(process, json.loads(lines[-1]))
+        running.lines.extend(lines)
         yield running
     finally:
         if process.returncode is None:
