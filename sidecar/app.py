@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from yarl import URL
 
@@ -64,7 +65,7 @@ def create_app(
     their own to control time without changing behaviour.
     """
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
-    hooks = Hooks(metrics, access_log=settings.access_log)
+    hooks = Hooks(metrics, access_log=settings.access_log, clock=clock)
     route_configs = resolve_routes(settings)
     routes = RouteTable(route_configs)
 
@@ -116,7 +117,16 @@ def create_app(
     async def forward(request: web.Request) -> web.StreamResponse:
         return await request.app[PROXY].handle(request)
 
+    @web.middleware
+    async def pathless(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # CONNECT's host:port and OPTIONS's "*" are no path, so the router matches them to
+        # nothing; the proxy answers them as any path without a route, and counts them.
+        if request.match_info.http_exception is not None:
+            return await forward(request)
+        return await handler(request)
+
     app.cleanup_ctx.append(upstream_session)
+    app.middlewares.append(pathless)
     app.router.add_route("*", "/{path:.*}", forward)
     return app
 

@@ -225,6 +225,7 @@ class _Run:
         self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
         if refused_for is None:
             return None
+        self.hooks.circuit_refused(self.route.name)
         self.trail.append("circuit_open")
         if self.last_answer is not None:
             return self._result(Stop.EXHAUSTED.value, None)

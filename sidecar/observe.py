@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, TextIO
 
 import orjson
@@ -19,6 +21,8 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
 )
 
@@ -28,6 +32,11 @@ from sidecar.envelopes import ToolFailure
 from sidecar.policy import Wait
 
 UNMATCHED_ROUTE = "(none)"
+
+# An open circuit refuses every request at once: one line per route per interval, with
+# the number refused, says as much as thousands of lines would.
+CIRCUIT_REFUSALS_INTERVAL_S = 10.0
+_CIRCUIT_CLOSED = 0
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -39,6 +48,9 @@ class Metrics:
         # ``*_created`` series double every counter's size and no dashboard reads them.
         disable_created_metrics()
         self.registry = registry
+        # process_* (memory, open fds, CPU) and python_info, as every Python exporter has.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
         self.build_info = Gauge(
             "sidecar_build_info", "Build of the running sidecar", ["version"], registry=registry
         )
@@ -127,15 +139,16 @@ class Metrics:
 
 
 class _ClientFaultFilter(logging.Filter):
-    """aiohttp logs a malformed request as a server error with a traceback. It is the
-    client's fault and the client already got its 400, so it becomes one info line."""
+    """aiohttp logs a malformed request as a server error with a traceback (an unknown
+    method on a new connection only at debug). It is the client's fault and the client
+    already got its 400, so it becomes one info line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         fault = record.exc_info[1] if record.exc_info else None
         if isinstance(fault, HttpProcessingError):
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.msg, record.args = "malformed_request", ()
-            record.reason = fault.message.strip().splitlines()[0]
+            record.reason = fault.message.strip().splitlines()[0].rstrip(":")
             record.exc_info = record.exc_text = None
         return True
 
@@ -143,6 +156,9 @@ class _ClientFaultFilter(logging.Filter):
 def http_server_logger() -> logging.Logger:
     """The logger the proxy's HTTP server reports through."""
     logger = logging.getLogger("sidecar.http")
+    # Every record is made, debug ones too, so the filter sees each malformed request;
+    # the handler's gate then applies the configured level.
+    logger.setLevel(logging.DEBUG)
     if not any(isinstance(existing, _ClientFaultFilter) for existing in logger.filters):
         logger.addFilter(_ClientFaultFilter())
     return logger
@@ -268,14 +284,30 @@ class _Children:
         return child
 
 
+@dataclass(slots=True)
+class _Refusals:
+    """A route's circuit refusals not yet logged, and when the last line was."""
+
+    count: int = 0
+    logged_at: float | None = None
+
+
 class Hooks:
     """What each stage of a request records. One instance per app."""
 
-    def __init__(self, metrics: Metrics, *, access_log: bool = False) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        access_log: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.metrics = metrics
         self.log = structlog.get_logger("sidecar")
         self._access_log = access_log
         self._child = _Children()
+        self._clock = clock
+        self._refusals: dict[str, _Refusals] = {}
 
     def request_received(self, route: str, method: str) -> None:
         """A request was matched to ``route``: it is now in flight."""
@@ -362,8 +394,12 @@ class Hooks:
         *,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
+        failure: BaseException | None = None,
     ) -> None:
-        """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``."""
+        """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``.
+
+        A call that failed is logged with ``failure``'s class and the HTTP status it carries.
+        """
         self._child(self.metrics.llm_requests, result).inc()
         self.metrics.llm_duration.observe(duration_s)
         if prompt_tokens:
@@ -371,7 +407,7 @@ class Hooks:
         if completion_tokens:
             self._child(self.metrics.llm_tokens, "completion").inc(completion_tokens)
         if result != "ok":
-            self.log.warning("llm_request_failed", result=result)
+            self.log.warning("llm_request_failed", result=result, **_llm_failure_fields(failure))
 
     def schema_unavailable(self, route: str, reason: str) -> None:
         """A route's schema could not be loaded; the route runs without (or with the last)."""
@@ -382,8 +418,32 @@ class Hooks:
         self._child(self.metrics.budget_exhausted, route).inc()
 
     def circuit_state(self, route: str, state: int) -> None:
-        """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open)."""
+        """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open).
+
+        Once it closes, the refusals not yet logged are (half-open, it still refuses).
+        """
         self._child(self.metrics.circuit_state, route).set(state)
+        refusals = self._refusals.get(route)
+        if state == _CIRCUIT_CLOSED and refusals is not None and refusals.count:
+            self._log_refusals(route, refusals)
+
+    def circuit_refused(self, route: str) -> None:
+        """The route's open circuit refused a request without trying the tool.
+
+        Logged as one ``circuit_refusals`` line with the number refused since the route's
+        previous line: at once for the first, then at most every
+        ``CIRCUIT_REFUSALS_INTERVAL_S``. Each request is still counted in
+        ``sidecar_requests_total``.
+        """
+        refusals = self._refusals.setdefault(route, _Refusals())
+        refusals.count += 1
+        last = refusals.logged_at
+        if last is None or self._clock() - last >= CIRCUIT_REFUSALS_INTERVAL_S:
+            self._log_refusals(route, refusals)
+
+    def _log_refusals(self, route: str, refusals: _Refusals) -> None:
+        self.log.warning("circuit_refusals", route=route, count=refusals.count)
+        refusals.count, refusals.logged_at = 0, self._clock()
 
     def request_finished(
         self,
@@ -410,9 +470,11 @@ class Hooks:
             "attempt": attempts,
             "duration_ms": round(duration_s * 1000, 1),
         }
+        # A request that was never tried (a refusal) did not try to recover either.
+        tried_to_recover = attempts > 1 or trail.endswith("repair=none")
         if outcome == "recovered":
             self.log.info("recovery_succeeded", trail=trail, **fields)
-        elif outcome in GAVE_UP or (outcome == "not-retryable" and attempts > 1):
+        elif attempts and (outcome in GAVE_UP or (outcome == "not-retryable" and tried_to_recover)):
             self.log.info("recovery_failed", trail=trail, **fields)
         emit = self.log.info if self._access_log else self.log.debug
         emit("request_done", **fields)
@@ -421,6 +483,21 @@ class Hooks:
 def _status_of(label: str) -> int | None:
     """An attempt label is a status code, or an error kind such as ``connect_error``."""
     return int(label) if label.isdigit() else None
+
+
+def _llm_failure_fields(failure: BaseException | None) -> dict[str, Any]:
+    """The error's class and HTTP status. A foreign message is left out: the model's server
+    writes it and may echo the prompt or its own URL; the sidecar's own refusals name
+    the guardrail their answer broke."""
+    if failure is None:
+        return {}
+    fields: dict[str, Any] = {"error": type(failure).__name__}
+    status = getattr(failure, "status_code", None)
+    if isinstance(status, int):
+        fields["status"] = status
+    if type(failure).__module__.startswith("sidecar."):
+        fields["reason"] = str(failure)
+    return fields
 
 
 def _failure_fields(failure: ToolFailure | None) -> dict[str, Any]:

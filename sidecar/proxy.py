@@ -66,17 +66,19 @@ class Proxy:
         request_id = request.headers.get("X-Request-ID") or ids.request_id()
         if has_dot_segment(request.raw_path):
             raise web.HTTPBadRequest(text="path has a '.' or '..' segment")
+        # The path without its query, which may hold credentials.
+        path = request.rel_url.raw_path
         target = self._routes.match(request.raw_path)
         if target is None:
-            with structlog.contextvars.bound_contextvars(request_id=request_id):
+            with structlog.contextvars.bound_contextvars(request_id=request_id, path=path):
                 self._hooks.request_finished(
                     UNMATCHED_ROUTE, request.method, "not-retryable", 404, 0, 0.0, matched=False
                 )
             return errors.error_response(
-                errors.NO_ROUTE, "no route matches this path", {"path": request.path}
+                errors.NO_ROUTE, _no_route_message(request.method), {"path": request.path}
             )
         with structlog.contextvars.bound_contextvars(
-            request_id=request_id, route=target.route.name, method=request.method
+            request_id=request_id, route=target.route.name, method=request.method, path=path
         ):
             return await self._forward(request, target, request_id)
 
@@ -181,6 +183,15 @@ class Proxy:
         if self._max_request_bytes and len(head) > self._max_request_bytes:
             return None
         return _StreamedBody(bytes(head), request, self._max_request_bytes)
+
+
+def _no_route_message(method: str) -> str:
+    if method == "CONNECT":
+        return (
+            "CONNECT tunnels are not supported: the sidecar is a reverse proxy; "
+            "send the tool's requests to it instead of using it as an HTTP proxy"
+        )
+    return "no route matches this path"
 
 
 async def relay(

@@ -11,15 +11,18 @@ import sys
 
 import aiohttp
 import pytest
+import structlog
 from aiohttp import web
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
 from sidecar.credentials import mask_credentials
-from tests.conftest import completion
+from sidecar.observe import CIRCUIT_REFUSALS_INTERVAL_S, Hooks, Metrics
+from tests.conftest import FakeClock, completion, scripted, unused_port
 from tests.processes import clean_env, sidecar_process
 
-pytestmark = pytest.mark.security
 
-
+@pytest.mark.security
 @pytest.mark.parametrize(
     ("text", "masked"),
     [
@@ -95,6 +98,7 @@ def logged_lines(level: str) -> list[dict]:
     return [json.loads(line) for line in result.stdout.splitlines()]
 
 
+@pytest.mark.security
 @pytest.mark.parametrize("level", ["debug", "info"])
 def test_library_lines_are_json_from_warning_up_and_masked(level: str):
     lines = logged_lines(level)
@@ -125,6 +129,7 @@ TOOL_PASSWORD, LLM_PASSWORD, LLM_QUERY_KEY, LLM_API_KEY = (
 )
 
 
+@pytest.mark.security
 async def test_llm_repair_at_debug_writes_no_credential(aiohttp_server):
     async def weather(request: web.Request) -> web.Response:
         if (await request.json()).get("location") == "Flower Mound, Texas, US":
@@ -184,3 +189,129 @@ async def test_llm_repair_at_debug_writes_no_credential(aiohttp_server):
         assert secret not in output
     events = [json.loads(line)["event"] for line in sidecar.lines]
     assert {"upstream_attempt", "payload_repaired", "llm_request_failed"} <= set(events)
+
+
+def ok_answer() -> web.Response:
+    return web.json_response({"success": True})
+
+
+def events_named(logs: list[dict], event: str) -> list[dict]:
+    return [entry for entry in logs if entry["event"] == event]
+
+
+def not_found_tool():
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"success": False, "error": {"code": "CITY_UNKNOWN", "retryable": True}}, status=404
+        )
+
+    return handler
+
+
+async def test_request_events_carry_the_path_without_its_query(make_tool, make_sidecar):
+    tool = await make_tool(scripted(lambda: web.json_response({}, status=503), ok_answer))
+    sidecar = await make_sidecar(tool)
+
+    with capture_logs(processors=[structlog.contextvars.merge_contextvars]) as logs:
+        await sidecar.client.get("/weather/current?key=k-83f1&city=Oslo")
+
+    [scheduled] = events_named(logs, "retry_scheduled")
+    [recovered] = events_named(logs, "recovery_succeeded")
+    assert scheduled["path"] == recovered["path"] == "/weather/current"
+    assert "k-83f1" not in json.dumps(logs)
+
+
+@pytest.mark.parametrize(
+    ("answer", "result", "fields"),
+    [
+        (
+            lambda: web.json_response({"error": "no such model"}, status=404),
+            "error",
+            {"status": 404, "error": "NotFoundError"},
+        ),
+        ("not json", "invalid", {"error": "Refused", "reason": "not JSON"}),
+    ],
+    ids=["404", "unusable answer"],
+)
+async def test_llm_failures_say_what_failed(
+    make_tool, make_sidecar, make_llm, answer, result, fields
+):
+    async def respond() -> web.Response:
+        return answer()
+
+    llm = await make_llm(respond if callable(answer) else answer)
+    sidecar = await make_sidecar(await make_tool(not_found_tool()), llm_base_url=llm.base_url)
+
+    with capture_logs() as logs:
+        await sidecar.client.post("/w", json={"city": "Atlantis"})
+
+    [failed] = events_named(logs, "llm_request_failed")
+    assert failed == {
+        "event": "llm_request_failed",
+        "log_level": "warning",
+        "result": result,
+        **fields,
+    }
+
+
+async def test_an_llm_that_is_down_is_named_by_its_error(make_tool, make_sidecar):
+    sidecar = await make_sidecar(
+        await make_tool(not_found_tool()), llm_base_url=f"http://127.0.0.1:{unused_port()}/v1"
+    )
+
+    with capture_logs() as logs:
+        await sidecar.client.post("/w", json={"city": "Atlantis"})
+
+    [failed] = events_named(logs, "llm_request_failed")
+    assert (failed["result"], failed["error"]) == ("error", "APIConnectionError")
+    assert "status" not in failed
+
+
+async def test_a_repair_that_found_nothing_is_a_failed_recovery(make_tool, make_sidecar):
+    sidecar = await make_sidecar(await make_tool(not_found_tool()), repair="deterministic")
+
+    with capture_logs() as logs:
+        response = await sidecar.client.post("/w", json={"city": "Atlantis"})
+
+    assert response.headers["X-Sidecar-Trail"] == "404 repair=none"
+    [failed] = events_named(logs, "recovery_failed")
+    assert (failed["log_level"], failed["outcome"], failed["trail"]) == (
+        "info",
+        "not-retryable",
+        "404 repair=none",
+    )
+
+
+async def test_a_plain_not_retryable_answer_is_no_failed_recovery(make_tool, make_sidecar):
+    forbidden = scripted(lambda: web.json_response({}, status=403))
+    sidecar = await make_sidecar(await make_tool(forbidden))
+
+    with capture_logs() as logs:
+        assert (await sidecar.client.get("/")).status == 403
+
+    assert events_named(logs, "recovery_failed") == []
+
+
+def test_circuit_refusals_are_one_line_per_interval_with_their_count():
+    clock = FakeClock()
+    hooks = Hooks(Metrics(CollectorRegistry()), clock=clock)
+
+    with capture_logs() as logs:
+        for _ in range(500):
+            hooks.circuit_refused("weather")
+            hooks.request_finished("weather", "GET", "unreachable", 503, 0, 0.0)
+            clock.now += 0.01  # 500 refusals over 5 s
+        hooks.circuit_refused("search")
+        clock.now += CIRCUIT_REFUSALS_INTERVAL_S
+        hooks.circuit_refused("weather")
+        for _ in range(3):  # half-open: a probe is out, the others are still refused
+            hooks.circuit_state("weather", 1)
+            hooks.circuit_refused("weather")
+        hooks.circuit_state("weather", 0)  # closed: what is left is logged now
+        hooks.circuit_state("weather", 0)
+
+    refusals = [
+        (entry["route"], entry["count"]) for entry in events_named(logs, "circuit_refusals")
+    ]
+    assert refusals == [("weather", 1), ("search", 1), ("weather", 500), ("weather", 3)]
+    assert events_named(logs, "recovery_failed") == []
