@@ -125,7 +125,9 @@ class Proxy:
                 report["X-Sidecar-Repaired"] = ",".join(result.repaired)
             if result.answer is not None:
                 status = result.answer.status
-                return await relay(request, result.answer, report)
+                response = await relay(request, result.answer, report)
+                status = response.status  # a broken answer goes out as the sidecar's 502
+                return response
             if isinstance(body, _StreamedBody) and body.exceeded:
                 response = self._too_large()
             elif result.circuit_open_for_s is not None:
@@ -185,6 +187,24 @@ class Proxy:
         return _StreamedBody(bytes(head), request, self._max_request_bytes)
 
 
+def _why_not_relayable(answer: Answer) -> str | None:
+    """What in ``answer`` the agent could not receive unchanged, if anything.
+
+    aiohttp takes any three digits as a status, and decodes bytes that are not UTF-8 to
+    surrogates, which its writer would drop from a header or reason phrase.
+    """
+    if not 100 <= answer.status <= 599:
+        return f"status {answer.status} out of range"
+    bad_header = undeliverable_header(answer.response.headers)
+    if bad_header is not None:
+        return f"header {bad_header} is not valid UTF-8"
+    try:
+        (answer.response.reason or "").encode("utf-8")
+    except UnicodeEncodeError:
+        return "reason phrase is not valid UTF-8"
+    return None
+
+
 def _no_route_message(method: str) -> str:
     if method == "CONNECT":
         return (
@@ -201,8 +221,19 @@ async def relay(
 
     A body read whole goes out with its length; the rest streams chunk by chunk. If the
     tool breaks off mid-stream the agent's connection is closed too, so a cut body can
-    never pass for a whole one.
+    never pass for a whole one. An answer that cannot go out as it came is a broken
+    answer: the agent gets ``UPSTREAM_RESET`` saying why.
     """
+    broken = _why_not_relayable(answer)
+    if broken is not None:
+        answer.discard()
+        _log.warning("upstream_answer_broken", status=answer.status, reason=broken)
+        return errors.error_response(
+            errors.UPSTREAM_RESET,
+            "the tool's answer cannot be passed on as it was sent",
+            {"reason": broken},
+            extra_headers,
+        )
     headers = end_to_end_headers(answer.response.headers)
     headers.update(extra_headers)
     if answer.complete:

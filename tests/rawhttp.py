@@ -33,6 +33,21 @@ async def read_request_head(reader: asyncio.StreamReader) -> None:
     await reader.readuntil(b"\r\n\r\n")
 
 
+def reply_then(
+    reply: bytes, then: Callable[[asyncio.StreamReader], Awaitable[object]] | None = None
+) -> RawHandler:
+    """A tool that answers each request with ``reply``, then does ``then`` if given."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request_head(reader)
+        writer.write(reply)
+        await writer.drain()
+        if then is not None:
+            await then(reader)
+
+    return handler
+
+
 async def raw_exchange(port: int, request: bytes) -> bytes:
     """Send ``request`` as it is to 127.0.0.1:``port``; what came back within 5 s."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import scripted, unused_port
-from tests.rawhttp import RawHandler, raw_tool, read_request_head
+from tests.rawhttp import raw_tool, reply_then
 
 pytestmark = pytest.mark.fault
 
@@ -36,19 +36,6 @@ async def assert_no_leaks(scenario: Callable[[], Awaitable[None]], repeats: int 
     await asyncio.sleep(0.1)
     assert len(asyncio.all_tasks()) <= tasks_before + 2
     assert open_fds() <= fds_before + 4
-
-
-def reply_then(
-    reply: bytes, then: Callable[[asyncio.StreamReader], Awaitable[object]] | None = None
-) -> RawHandler:
-    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request_head(reader)
-        writer.write(reply)
-        await writer.drain()
-        if then is not None:
-            await then(reader)
-
-    return handler
 
 
 async def stall_until_closed(reader: asyncio.StreamReader) -> None:
