@@ -48,12 +48,16 @@ def reply_then(
     return handler
 
 
-async def raw_exchange(port: int, request: bytes) -> bytes:
-    """Send ``request`` as it is to 127.0.0.1:``port``; what came back within 5 s."""
+async def raw_exchange(port: int, request: bytes, *, until_closed: bool = False) -> bytes:
+    """Send ``request`` as it is to 127.0.0.1:``port``; what came back within 5 s: the first
+    read, or with ``until_closed`` all until the server closed the connection (then it is
+    done with the request: nothing it does afterwards can be about it)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(request)
     await writer.drain()
     try:
-        return await asyncio.wait_for(reader.read(65536), timeout=5)
+        return await asyncio.wait_for(
+            reader.read() if until_closed else reader.read(65536), timeout=5
+        )
     finally:
         writer.close()

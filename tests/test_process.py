@@ -13,7 +13,8 @@ import pytest
 from aiohttp import web
 
 from sidecar import __version__
-from tests.processes import run_cli, sidecar_process
+from tests.conftest import eventually
+from tests.processes import RunningSidecar, run_cli, sidecar_process
 
 
 def test_version_from_the_console_script_and_python_m():
@@ -54,12 +55,22 @@ def test_bad_configuration_fails_with_one_line_and_exit_2():
         ]
 
 
+async def until_draining(agent: aiohttp.ClientSession, sidecar: RunningSidecar) -> None:
+    """Wait until ``/readyz`` answers 503: the same step closed the proxy's listener."""
+
+    async def draining() -> bool:
+        async with agent.get(f"{sidecar.admin}/readyz") as ready:
+            return ready.status == 503
+
+    await eventually(draining)
+
+
 async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server):
-    reached_tool = asyncio.Event()
+    reached_tool, release = asyncio.Event(), asyncio.Event()
 
     async def slow(request: web.Request) -> web.Response:
         reached_tool.set()
-        await asyncio.sleep(1.0)
+        await release.wait()
         return web.json_response({"success": True})
 
     app = web.Application()
@@ -74,13 +85,12 @@ async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server)
             await asyncio.wait_for(reached_tool.wait(), timeout=5)
 
             sidecar.process.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.2)
-            async with agent.get(f"{sidecar.admin}/readyz") as draining:
-                assert draining.status == 503
+            await until_draining(agent, sidecar)
             async with aiohttp.ClientSession() as newcomer:
                 with pytest.raises(aiohttp.ClientConnectionError):
                     await newcomer.get(f"{sidecar.proxy}/slow")
 
+            release.set()  # the tool answers only now, while the sidecar drains
             response = await asyncio.wait_for(in_flight, timeout=5)
             assert response.status == 200
             assert await response.json() == {"success": True}
@@ -96,14 +106,14 @@ async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server)
 @pytest.mark.slow
 async def test_sigterm_with_fifty_requests_in_flight_answers_them_all(aiohttp_server):
     arrived = 0
-    all_arrived = asyncio.Event()
+    all_arrived, release = asyncio.Event(), asyncio.Event()
 
     async def slow(request: web.Request) -> web.Response:
         nonlocal arrived
         arrived += 1
         if arrived == 50:
             all_arrived.set()
-        await asyncio.sleep(1.0)
+        await release.wait()
         return web.json_response({"n": arrived})
 
     app = web.Application()
@@ -122,6 +132,8 @@ async def test_sigterm_with_fifty_requests_in_flight_answers_them_all(aiohttp_se
             calls = [asyncio.create_task(call()) for _ in range(50)]
             await asyncio.wait_for(all_arrived.wait(), timeout=10)
             sidecar.process.send_signal(signal.SIGTERM)
+            await until_draining(agent, sidecar)
+            release.set()
             statuses = await asyncio.wait_for(asyncio.gather(*calls), timeout=10)
 
         assert statuses == [200] * 50
