@@ -7,7 +7,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -38,12 +38,33 @@ class Lifecycle:
 
 PROXY = web.AppKey("proxy", Proxy)
 METRICS = web.AppKey("metrics", Metrics)
+HOOKS = web.AppKey("hooks", Hooks)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 
-# How the proxy app must be served: a handler is cancelled when its agent goes away,
-# so no attempt or wait continues on behalf of nobody; access lines come from our hooks;
-# a client's malformed request is logged as its fault, not as a server error.
-SERVER_KWARGS = {"handler_cancellation": True, "access_log": None, "logger": http_server_logger()}
+
+# How long an unread request body is drained after the answer went out (aiohttp: 10 s),
+# so that a client still sending sees the answer rather than a reset.
+LINGERING_S = 2.0
+
+
+def server_kwargs(settings: Settings) -> dict[str, Any]:
+    """How the proxy app must be served.
+
+    A handler is cancelled when its agent goes away, so no attempt or wait continues on
+    behalf of nobody; access lines come from our hooks; a client's malformed request is
+    logged as its fault, not as a server error. A connection that has not completed a
+    request head within the client timeout (a new one, or an idle kept-alive one) is
+    closed: aiohttp's own default holds it for an hour. After an answer to a request
+    whose body was not read whole, the rest is read and dropped for a short while only.
+    """
+    return {
+        "handler_cancellation": True,
+        "access_log": None,
+        "logger": http_server_logger(),
+        "keepalive_timeout": settings.client_timeout_ms / 1000,
+        "lingering_time": LINGERING_S,
+    }
+
 
 SCHEMA_FETCH_TIMEOUT_S = 10.0
 
@@ -71,6 +92,7 @@ def create_app(
 
     app = web.Application()
     app[METRICS] = metrics
+    app[HOOKS] = hooks
     app[LIFECYCLE] = Lifecycle()
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
@@ -105,7 +127,14 @@ def create_app(
             sleep=sleep,
             clock=clock,
         )
-        app[PROXY] = Proxy(routes, engine, hooks, max_request_bytes=settings.max_request_bytes)
+        app[PROXY] = Proxy(
+            routes,
+            engine,
+            hooks,
+            max_request_bytes=settings.max_request_bytes,
+            max_in_flight=settings.max_in_flight,
+            client_timeout_s=settings.client_timeout_ms / 1000,
+        )
         yield
         refresh.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -2,15 +2,18 @@
 
 Linkerd's rule: over a sliding window, retries are allowed while
 ``retries < ratio * requests + min_per_s * window``. The floor keeps a quiet route
-retryable; the ratio keeps a failing busy route from multiplying its own load.
+retryable; the ratio keeps a failing busy route from multiplying its own load. The
+counts live in time slices, so a busy route costs no more memory than a quiet one.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
+from sidecar.window import SlidingCounts
+
 WINDOW_S = 10.0
+_REQUESTS, _RETRIES = 0, 1
 
 
 class RetryBudget:
@@ -19,27 +22,16 @@ class RetryBudget:
     ) -> None:
         self._ratio = ratio
         self._floor = min_per_s * window_s
-        self._clock = clock
-        self._window_s = window_s
-        self._requests: deque[float] = deque()
-        self._retries: deque[float] = deque()
+        self._counts = SlidingCounts(window_s, clock, fields=2)
 
     def record_request(self) -> None:
         """A new request (not a retry) arrived."""
-        now = self._clock()
-        self._forget_before(now - self._window_s)
-        self._requests.append(now)
+        self._counts.add(_REQUESTS)
 
     def try_spend(self) -> bool:
         """Take one retry from the budget, if there is one left."""
-        now = self._clock()
-        self._forget_before(now - self._window_s)
-        if len(self._retries) >= self._ratio * len(self._requests) + self._floor:
+        requests, retries = self._counts.totals()
+        if retries >= self._ratio * requests + self._floor:
             return False
-        self._retries.append(now)
+        self._counts.add(_RETRIES)
         return True
-
-    def _forget_before(self, horizon: float) -> None:
-        for times in (self._requests, self._retries):
-            while times and times[0] < horizon:
-                times.popleft()

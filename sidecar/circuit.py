@@ -1,15 +1,31 @@
-"""The per-route circuit breaker: closed, open after N consecutive failures, half-open probe.
+"""The per-route circuit breaker: it judges the tool by whole requests, not the traffic shape.
 
-A failure is an attempt that ended in a connect error, a timeout, or a status in
-``RETRY_ON_STATUS`` — counted whether or not a retry follows. While open, calls are
-answered ``CIRCUIT_OPEN`` at once; after ``open_s`` one probe is let through, and its
-result closes the circuit again or re-opens it.
+Closed: every request is admitted, and its final verdict — did the tool look unhealthy
+when the sidecar stopped (no answer, or a server error that did not forbid retries)? —
+is counted in a sliding window. The circuit opens when, within the window, at least
+``min_failures`` requests failed *and* they are at least ``failure_rate`` of all requests
+(Resilience4j's ``failureRateThreshold`` with ``minimumNumberOfCalls``). Counting requests
+rather than attempts means parallel calls that each recover after a few failed attempts
+never open it, while a dead tool opens it after a handful of calls.
+
+Open: requests are refused (``CIRCUIT_OPEN``) for ``open_s``. Half-open: up to ``probes``
+requests go through as probes; one failed probe re-opens the circuit, ``probes``
+succeeded probes close it with a fresh window.
+
+Every change of state starts a new generation. A request's verdict counts only in the
+generation that admitted it: a slow request from before the circuit opened cannot close
+it, and one from before it closed cannot re-open it.
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from sidecar.window import SlidingCounts
+
+_REQUESTS, _FAILURES = 0, 1
 
 
 class CircuitState(enum.IntEnum):
@@ -18,42 +34,103 @@ class CircuitState(enum.IntEnum):
     OPEN = 2
 
 
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A request's admission: the generation it belongs to, and whether it is a probe."""
+
+    generation: int
+    probe: bool = False
+
+
 class CircuitBreaker:
-    def __init__(self, failures: int, open_s: float, clock: Callable[[], float]) -> None:
-        self._threshold = failures  # 0 disables the breaker
+    def __init__(
+        self,
+        *,
+        min_failures: int,
+        failure_rate: float,
+        window_s: float,
+        open_s: float,
+        probes: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self._min_failures = min_failures  # 0 disables the breaker
+        self._failure_rate = failure_rate
         self._open_s = open_s
+        self._probes = probes
         self._clock = clock
-        self._consecutive = 0
+        self._window = SlidingCounts(window_s, clock, fields=2)
+        self._generation = 0
         self._opened_at = 0.0
-        self._probing = False
+        self._probes_out = 0
+        self._probes_passed = 0
         self.state = CircuitState.CLOSED
 
-    def admit(self) -> float | None:
-        """``None`` if an attempt may go now, else the seconds until the next probe."""
-        if self.state is CircuitState.CLOSED:
-            return None
-        remaining = self._opened_at + self._open_s - self._clock()
-        if self.state is CircuitState.OPEN and remaining <= 0:
-            self.state = CircuitState.HALF_OPEN
-        if self.state is CircuitState.HALF_OPEN and not self._probing:
-            self._probing = True
-            return None
-        return max(remaining, 0.0)
+    def admit(self) -> Ticket | float:
+        """A ticket if the request may go to the tool, else the seconds until a probe."""
+        if self.state is CircuitState.OPEN:
+            remaining = self.open_for_s()
+            if remaining > 0:
+                return remaining
+            self._change(CircuitState.HALF_OPEN)
+        if self.state is CircuitState.HALF_OPEN:
+            if self._probes_out + self._probes_passed >= self._probes:
+                return 0.0  # the probes are out; the answer is a moment away
+            self._probes_out += 1
+            return Ticket(self._generation, probe=True)
+        return Ticket(self._generation)
 
-    def record(self, failed: bool) -> None:
-        """The result of an attempt that ``admit`` let through."""
-        self._probing = False
-        if not failed:
-            self._consecutive = 0
-            self.state = CircuitState.CLOSED
+    def open_for_s(self) -> float:
+        """Seconds until the circuit lets a probe through (0 when it is not open)."""
+        if self.state is not CircuitState.OPEN:
+            return 0.0
+        return max(0.0, self._opened_at + self._open_s - self._clock())
+
+    def allows_more(self, ticket: Ticket) -> bool:
+        """Whether a request admitted with ``ticket`` may make another attempt now."""
+        return self.state is CircuitState.CLOSED or self._is_current_probe(ticket)
+
+    def record(self, ticket: Ticket, failed: bool) -> None:
+        """The final verdict of a request that ``admit`` let through."""
+        if ticket.generation != self._generation:
             return
-        self._consecutive += 1
-        if self.state is CircuitState.HALF_OPEN or (
-            self._threshold and self._consecutive >= self._threshold
-        ):
-            self.state = CircuitState.OPEN
-            self._opened_at = self._clock()
+        if self.state is CircuitState.HALF_OPEN:
+            if not ticket.probe:
+                return
+            self._probes_out -= 1
+            if failed:
+                self._change(CircuitState.OPEN)
+            else:
+                self._probes_passed += 1
+                if self._probes_passed >= self._probes:
+                    self._change(CircuitState.CLOSED)
+            return
+        if self.state is not CircuitState.CLOSED or not self._min_failures:
+            return
+        self._window.add(_REQUESTS)
+        if not failed:
+            return
+        self._window.add(_FAILURES)
+        requests, failures = self._window.totals()
+        if failures >= self._min_failures and failures >= self._failure_rate * requests:
+            self._change(CircuitState.OPEN)
 
-    def abandon(self) -> None:
-        """An admitted attempt never happened (its request was cancelled)."""
-        self._probing = False
+    def abandon(self, ticket: Ticket) -> None:
+        """An admitted request ended without a verdict (its agent went away)."""
+        if self._is_current_probe(ticket):
+            self._probes_out -= 1
+
+    def _is_current_probe(self, ticket: Ticket) -> bool:
+        return (
+            ticket.probe
+            and ticket.generation == self._generation
+            and self.state is CircuitState.HALF_OPEN
+        )
+
+    def _change(self, state: CircuitState) -> None:
+        self.state = state
+        self._generation += 1
+        self._probes_out = self._probes_passed = 0
+        if state is CircuitState.OPEN:
+            self._opened_at = self._clock()
+        elif state is CircuitState.CLOSED:
+            self._window.clear()

@@ -1,4 +1,4 @@
-"""Command line: ``serve`` (the default), ``demo`` and ``check-config``."""
+"""Command line: ``serve`` (the default), ``demo``, ``check-config`` and ``inject``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from sidecar import __version__
+from sidecar import __version__, inject
 from sidecar.demo.run import DEMO_SETTINGS, run_demo
 from sidecar.observe import configure_logging
 from sidecar.server import StartupError, serve
@@ -51,6 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave the tool and the sidecar up afterwards and print curl lines to try",
     )
+    inject.add_parser(commands)
     return parser
 
 
@@ -91,6 +92,8 @@ def _print_to_reader(text: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(_with_default_command(sys.argv[1:] if argv is None else argv))
+    if args.command == "inject":
+        return inject.run(args)
     if args.command == "demo":
         configure_logging(DEMO_SETTINGS["log_level"], "console")
         try:

@@ -16,16 +16,17 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from sidecar.budget import RetryBudget
-from sidecar.circuit import CircuitBreaker
+from sidecar.circuit import CircuitBreaker, Ticket
 from sidecar.classify import Action, Reply, Verdict, classify
 from sidecar.controls import RequestControls
-from sidecar.envelopes import inspect
+from sidecar.envelopes import inspect, json_document
 from sidecar.errors import AttemptError
 from sidecar.ids import idempotency_key
 from sidecar.observe import Hooks
-from sidecar.policy import Backoff, Limits, Stop, Wait, plan_wait
+from sidecar.policy import Backoff, Limits, Outcome, Wait, plan_wait
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
+from sidecar.replay import McpToolHints, mcp_call, safe_to_repeat
 from sidecar.settings import RouteConfig
 from sidecar.upstream import Answer, UpstreamRequest, exchange
 from sidecar.waits import requested_wait
@@ -41,13 +42,36 @@ class RouteGuards:
     budget: RetryBudget
     circuit: CircuitBreaker
     backoff: Backoff
+    mcp_tools: McpToolHints
+
+    @classmethod
+    def for_route(cls, route: RouteConfig, clock: Clock) -> RouteGuards:
+        tuning = route.tuning
+        return cls(
+            budget=RetryBudget(tuning.retry_budget_ratio, tuning.retry_budget_min_per_s, clock),
+            circuit=CircuitBreaker(
+                min_failures=tuning.circuit_failures,
+                failure_rate=tuning.circuit_failure_rate,
+                window_s=tuning.circuit_window_ms / 1000,
+                open_s=tuning.circuit_open_ms / 1000,
+                probes=tuning.circuit_half_open_probes,
+                clock=clock,
+            ),
+            backoff=Backoff(
+                base_s=tuning.backoff_base_ms / 1000,
+                cap_s=tuning.backoff_max_ms / 1000,
+                multiplier=tuning.backoff_multiplier,
+                jitter=tuning.backoff_jitter,
+            ),
+            mcp_tools=McpToolHints(),
+        )
 
 
 @dataclass(slots=True)
 class Result:
     """What goes back to the agent, and how it came to be."""
 
-    outcome: str
+    outcome: Outcome
     attempts: int
     trail: list[str]
     answer: Answer | None = None  # the tool's last real answer, when one exists
@@ -91,23 +115,7 @@ class Engine:
         self.inspect_limit = inspect_limit
         self.sleep = sleep
         self.clock = clock
-        self.guards = {
-            route.name: RouteGuards(
-                budget=RetryBudget(
-                    route.tuning.retry_budget_ratio, route.tuning.retry_budget_min_per_s, clock
-                ),
-                circuit=CircuitBreaker(
-                    route.tuning.circuit_failures, route.tuning.circuit_open_ms / 1000, clock
-                ),
-                backoff=Backoff(
-                    base_s=route.tuning.backoff_base_ms / 1000,
-                    cap_s=route.tuning.backoff_max_ms / 1000,
-                    multiplier=route.tuning.backoff_multiplier,
-                    jitter=route.tuning.backoff_jitter,
-                ),
-            )
-            for route in routes
-        }
+        self.guards = {route.name: RouteGuards.for_route(route, clock) for route in routes}
 
     async def run(
         self,
@@ -139,7 +147,12 @@ class Engine:
             else (None, "")
         )
         reply = Reply(result.status, failure, text)
-        return _Attempt(result, classify(reply, retry_on_status), reply)
+        verdict = classify(reply, retry_on_status)
+        if result.slow:
+            # The tool answered; only its body is slow. Sending the call again could run
+            # it twice, so this answer is the one the agent gets.
+            verdict = replace(verdict, action=Action.DONE)
+        return _Attempt(result, verdict, reply)
 
 
 class _Run:
@@ -166,6 +179,17 @@ class _Run:
         # The sidecar's own idempotency header; "" when it is off or the agent sent a key.
         header = self.tuning.idempotency_header
         self.own_key = "" if header in request.headers else header
+        # JSON-RPC method and tool of the call, when it is one (MCP speaks JSON-RPC).
+        self.rpc = mcp_call(payload.body) if payload is not None else None
+        self.replay_safe = self.tuning.replay_delivered == "always" or safe_to_repeat(
+            request.method,
+            request.headers,
+            key_header=header,
+            route_idempotent=route.idempotent,
+            mcp_tool_safe=self.rpc is not None
+            and self.rpc[0] == "tools/call"
+            and self.guards.mcp_tools.is_safe(self.rpc[1]),
+        )
         self.request = request
         self.payload = payload
         self.sent_payloads: list[Payload] = []
@@ -180,23 +204,42 @@ class _Run:
 
     async def run(self) -> Result:
         self.guards.budget.record_request()
+        admitted = self.guards.circuit.admit()
+        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
+        if not isinstance(admitted, Ticket):
+            self.hooks.circuit_refused(self.route.name)
+            self.trail.append("circuit_open")
+            return Result(Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=admitted)
         self._prepare()
         try:
-            while True:
-                refused = self._refused_by_circuit()
-                if refused is not None:
-                    return refused
-                attempt = await self._attempt()
-                step = await self._next_step(attempt)
-                if isinstance(step, Result):
-                    return step
-                if isinstance(step, Wait):
-                    await self.engine.sleep(step.seconds)
+            result, last = await self._loop(admitted)
         except asyncio.CancelledError:
             # The agent went away during an attempt, a repair or a wait.
+            self.guards.circuit.abandon(admitted)
             if self.last_answer is not None:
                 self.last_answer.discard()
             raise
+        failed = last.verdict.is_failure and result.outcome not in (Outcome.OK, Outcome.RECOVERED)
+        self.guards.circuit.record(admitted, failed)
+        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
+        return result
+
+    async def _loop(self, ticket: Ticket) -> tuple[Result, _Attempt]:
+        """Attempts until one step ends the request; the result and the last attempt."""
+        while True:
+            attempt = await self._attempt()
+            step = await self._next_step(attempt)
+            if isinstance(step, Result):
+                return step, attempt
+            if isinstance(step, Wait):
+                await self.engine.sleep(step.seconds)
+            if not self.guards.circuit.allows_more(ticket):
+                # The circuit opened meanwhile: what this request has is what it returns.
+                self.trail.append("circuit_open")
+                result = self._result(_stopped_by(attempt), attempt)
+                if result.answer is None and result.error is None:
+                    result.circuit_open_for_s = self.guards.circuit.open_for_s()
+                return result, attempt
 
     def _prepare(self) -> None:
         """Coerce the agent's payload before the first attempt; put the idempotency key on."""
@@ -220,33 +263,22 @@ class _Run:
         self.sent_payloads.append(payload)
         self.request = _sending(self.request, payload, self.own_key)
 
-    def _refused_by_circuit(self) -> Result | None:
-        refused_for = self.guards.circuit.admit()
-        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
-        if refused_for is None:
-            return None
-        self.hooks.circuit_refused(self.route.name)
-        self.trail.append("circuit_open")
-        if self.last_answer is not None:
-            return self._result(Stop.EXHAUSTED.value, None)
-        return Result("unreachable", self.attempts, self.trail, circuit_open_for_s=refused_for)
-
     async def _attempt(self) -> _Attempt:
         """Send the request once, read what matters of the answer, and judge it."""
         self.attempts += 1
         per_try = min(self.tuning.per_try_timeout_ms / 1000, self.deadline - self.clock())
         started = self.clock()
-        try:
-            result = await exchange(
-                self.engine.session, self.request, per_try, self.engine.inspect_limit
-            )
-        except asyncio.CancelledError:
-            self.guards.circuit.abandon()
-            raise
+        result = await exchange(
+            self.engine.session,
+            self.request,
+            per_try,
+            self.engine.inspect_limit,
+            self.tuning.inspect_timeout_ms / 1000,
+        )
         attempt = self.engine.judge(result, self.tuning.retry_on_status)
         attempt.cut_by_deadline = per_try < self.tuning.per_try_timeout_ms / 1000
-        self.guards.circuit.record(attempt.verdict.is_failure)
-        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
+        if self.rpc is not None and self.rpc[0] == "tools/list" and attempt.verdict.success:
+            self._learn_tool_hints(attempt)
         self.hooks.attempt_finished(
             self.route.name,
             self.attempts,
@@ -264,24 +296,41 @@ class _Run:
             self.last_answer, self.answered_payload = result, self.payload
         return attempt
 
+    def _learn_tool_hints(self, attempt: _Attempt) -> None:
+        """Remember which tools a relayed ``tools/list`` result marks safe to repeat."""
+        answer = attempt.result
+        if isinstance(answer, Answer) and answer.decisive:
+            response = answer.response
+            self.guards.mcp_tools.learn(
+                json_document(
+                    response.content_type,
+                    response.headers.get("Content-Encoding"),
+                    answer.body,
+                )
+            )
+
     async def _next_step(self, attempt: _Attempt) -> Result | Wait | None:
         """What follows an attempt: a result to return, a wait, or (``None``) a repaired
         payload to send at once."""
         verdict = attempt.verdict
         if verdict.action is Action.DONE:
             if verdict.success:
-                return self._stop("ok" if self.attempts == 1 else "recovered", attempt)
-            return self._stop(Stop.NOT_RETRYABLE, attempt)
+                return self._stop(Outcome.OK if self.attempts == 1 else Outcome.RECOVERED, attempt)
+            if verdict.reason == "overloaded":
+                return self._stop(Outcome.OVERLOADED, attempt)
+            slow = isinstance(attempt.result, Answer) and attempt.result.slow
+            return self._stop(Outcome.NOT_RETRYABLE, attempt, "stop=slow_body" if slow else None)
         if attempt.result is AttemptError.TIMEOUT and attempt.cut_by_deadline:
-            return self._stop(Stop.DEADLINE, attempt, "stop=deadline")
-        if self.payload is None:
-            return self._stop(Stop.NOT_RETRYABLE, attempt, "stop=not_replayable")
+            return self._stop(Outcome.DEADLINE, attempt, "stop=deadline")
+        if self.payload is None or (verdict.only_if_safe and not self.replay_safe):
+            # Sending it again could run the tool's work twice; the agent decides.
+            return self._stop(Outcome.NOT_RETRYABLE, attempt, "stop=not_replayable")
         if verdict.action is Action.REPAIR:
             proposal = await self._repair(attempt)
             if proposal.payload is not None and proposal.layer is not None:
                 return self._send_repaired(attempt, proposal.payload, proposal.layer)
             if not proposal.retry_same:
-                return self._stop(Stop.NOT_RETRYABLE, attempt, "repair=none")
+                return self._stop(Outcome.NOT_RETRYABLE, attempt, "repair=none")
         return self._wait_for_same(attempt)
 
     async def _repair(self, attempt: _Attempt) -> Proposal:
@@ -307,12 +356,12 @@ class _Run:
     def _send_repaired(self, attempt: _Attempt, payload: Payload, layer: str) -> Result | None:
         """Send a repaired payload next, at once, if the limits allow another attempt."""
         if self.retries >= self.limits.max_retries:
-            stopped = Stop.EXHAUSTED
+            stopped = Outcome.EXHAUSTED
         elif self.deadline - self.clock() <= 0:
-            stopped = Stop.DEADLINE
+            stopped = Outcome.DEADLINE
         elif not self.guards.budget.try_spend():
             self.hooks.budget_exhausted(self.route.name)
-            stopped = Stop.BUDGET
+            stopped = Outcome.BUDGET
         else:
             self.hooks.repaired_retry(self.route.name, self.attempts, attempt.label, layer)
             self.trail.append(f"{attempt.label} repair={layer}")
@@ -331,12 +380,12 @@ class _Run:
             backoff=self.guards.backoff,
             previous_s=self.previous_wait,
             time_left_s=self.deadline - self.clock(),
-            unreachable=attempt.result is AttemptError.CONNECT,
+            unreachable=attempt.result in _NOT_CONNECTED,
         )
         if isinstance(plan, Wait) and not self.guards.budget.try_spend():
             self.hooks.budget_exhausted(self.route.name)
-            plan = Stop.BUDGET
-        if isinstance(plan, Stop):
+            plan = Outcome.BUDGET
+        if isinstance(plan, Outcome):
             return self._stop(plan, attempt, f"stop={plan.value}")
         if self.last_answer is not None and not self.last_answer.complete:
             # An answer still streaming holds a connection; it cannot wait for us.
@@ -356,14 +405,22 @@ class _Run:
         self.previous_wait = plan.seconds
         return plan
 
-    def _stop(self, reason: Stop | str, attempt: _Attempt, note: str | None = None) -> Result:
+    def _stop(self, outcome: Outcome, attempt: _Attempt, note: str | None = None) -> Result:
         self.trail.append(f"{attempt.label} {note}" if note else attempt.label)
-        error = attempt.result if isinstance(attempt.result, AttemptError) else None
-        return self._result(reason.value if isinstance(reason, Stop) else reason, error)
+        return self._result(outcome, attempt)
 
-    def _result(self, outcome: str, error: AttemptError | None) -> Result:
+    def _result(self, outcome: Outcome, last: _Attempt) -> Result:
+        error = last.result if isinstance(last.result, AttemptError) else None
         layers = self.answered_payload.layers if self.answered_payload is not None else ()
         return Result(outcome, self.attempts, self.trail, self.last_answer, error, repaired=layers)
+
+
+_NOT_CONNECTED = (AttemptError.CONNECT, AttemptError.CONNECT_TIMEOUT)
+
+
+def _stopped_by(attempt: _Attempt) -> Outcome:
+    """The outcome when retries end before their limit because of the tool's state."""
+    return Outcome.UNREACHABLE if attempt.result in _NOT_CONNECTED else Outcome.EXHAUSTED
 
 
 def _requested_wait(attempt: _Attempt) -> float | None:

@@ -13,11 +13,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import brotli
 import orjson
+import zstandard
 
 # A compressed body is inflated for inspection only up to this size: a few hundred KiB of
 # JSON is plenty to judge, and a zip bomb inflates no further.
 MAX_INFLATED_BYTES = 1024 * 1024
+# The largest zstd window decoded: RFC 9659 asks HTTP encoders to stay within 8 MiB, and a
+# frame that asks for more would make the decoder allocate it.
+_ZSTD_MAX_WINDOW = 8 * 1024 * 1024
 # How much of an error body's text is kept for pattern matching (and, later, prompts).
 TEXT_SAMPLE_BYTES = 4096
 
@@ -56,19 +61,55 @@ class ToolFailure:
 
 
 def decoded_text(body: bytes, content_encoding: str | None) -> bytes | None:
-    """The body as the tool meant it: inflated when gzip/deflate, ``None`` if it won't inflate."""
+    """The body as the tool meant it: inflated when gzip, deflate, br or zstd (at most
+    ``MAX_INFLATED_BYTES`` of it), ``None`` if it won't inflate."""
     encoding = (content_encoding or "").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding in ("gzip", "x-gzip", "deflate"):
-        wbits = zlib.MAX_WBITS | 32 if encoding != "deflate" else zlib.MAX_WBITS
-        for bits in (wbits, -zlib.MAX_WBITS):  # deflate is sometimes sent raw
-            try:
-                inflater = zlib.decompressobj(bits)
-                return inflater.decompress(body, MAX_INFLATED_BYTES)
-            except zlib.error:
-                continue
+        return _inflate_zlib(body, encoding)
+    if encoding == "br":
+        return _inflate_brotli(body)
+    if encoding == "zstd":
+        return _inflate_zstd(body)
     return None
+
+
+def _inflate_zlib(body: bytes, encoding: str) -> bytes | None:
+    wbits = zlib.MAX_WBITS | 32 if encoding != "deflate" else zlib.MAX_WBITS
+    for bits in (wbits, -zlib.MAX_WBITS):  # deflate is sometimes sent raw
+        try:
+            inflater = zlib.decompressobj(bits)
+            return inflater.decompress(body, MAX_INFLATED_BYTES)
+        except zlib.error:
+            continue
+    return None
+
+
+def _inflate_brotli(body: bytes) -> bytes | None:
+    try:
+        # The limit stops the output buffer growing; it may overshoot by one step.
+        inflated = brotli.Decompressor().process(body, output_buffer_limit=MAX_INFLATED_BYTES)
+    except brotli.error:
+        return None
+    return inflated[:MAX_INFLATED_BYTES]
+
+
+def _inflate_zstd(body: bytes) -> bytes | None:
+    decompressor = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
+    pieces: list[bytes] = []
+    size = 0
+    try:
+        with decompressor.stream_reader(body, read_across_frames=True) as reader:
+            while size < MAX_INFLATED_BYTES:
+                piece = reader.read(MAX_INFLATED_BYTES - size)
+                if not piece:
+                    break
+                pieces.append(piece)
+                size += len(piece)
+    except zstandard.ZstdError:
+        return None
+    return b"".join(pieces)
 
 
 def parse_json(body: bytes) -> Any:
@@ -79,11 +120,41 @@ def parse_json(body: bytes) -> Any:
         return None
 
 
+def first_event(stream: bytes | bytearray) -> bytes | None:
+    """The first whole event of a ``text/event-stream`` body, or ``None`` before one ends.
+
+    An event ends at a blank line; a block of only comment lines (``: ping``, which
+    servers send to keep a connection open) is not an event.
+    """
+    blocks = bytes(stream).replace(b"\r\n", b"\n").split(b"\n\n")
+    for block in blocks[:-1]:  # the last piece has not ended yet
+        if any(line and not line.startswith(b":") for line in block.split(b"\n")):
+            return block
+    return None
+
+
 def first_event_data(body: bytes) -> bytes:
-    """The ``data`` of the first event of a ``text/event-stream`` body."""
-    event, _, _ = body.replace(b"\r\n", b"\n").partition(b"\n\n")
+    """The ``data`` of the first event of a ``text/event-stream`` body (or of its start,
+    when no event has ended yet)."""
+    event = first_event(body)
+    if event is None:
+        event = body.replace(b"\r\n", b"\n")
     lines = event.split(b"\n")
     return b"\n".join(line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:"))
+
+
+def _payload_bytes(content_type: str, content_encoding: str | None, body: bytes) -> bytes | None:
+    """The JSON text an answer carries: inflated, and for an event stream its first data."""
+    raw = decoded_text(body, content_encoding) if body else None
+    if raw and content_type == "text/event-stream":
+        return first_event_data(raw)
+    return raw
+
+
+def json_document(content_type: str, content_encoding: str | None, body: bytes) -> Any:
+    """The JSON value an answer's body (or first event) holds, or ``None``."""
+    raw = _payload_bytes(content_type, content_encoding, body)
+    return parse_json(raw) if raw else None
 
 
 def inspect(
@@ -93,11 +164,9 @@ def inspect(
 
     ``body`` is the whole body, or for ``text/event-stream`` its first event.
     """
-    raw = decoded_text(body, content_encoding) if body else None
+    raw = _payload_bytes(content_type, content_encoding, body)
     if not raw:
         return None, ""
-    if content_type == "text/event-stream":
-        raw = first_event_data(raw)
     failure = parse_failure(parse_json(raw), success_status=200 <= status < 300)
     text = raw[:TEXT_SAMPLE_BYTES].decode("utf-8", "replace") if status >= 400 else ""
     return failure, text

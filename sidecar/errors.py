@@ -1,11 +1,18 @@
 """What can go wrong without an upstream answer, and how the sidecar says so.
 
-An attempt ends in a response or in one ``AttemptError`` kind, never both::
+An attempt ends in a response or in one ``AttemptError`` kind, never both. The kinds
+say where the attempt stopped, because that decides whether it may be sent again::
 
     AttemptError
-    ├── CONNECT  nothing reached the tool: refused, DNS, connect timeout
-    ├── TIMEOUT  the per-try timeout (or the deadline) passed before the answer's headers
-    └── RESET    the connection broke after the request was sent
+    ├── not delivered: nothing reached the tool, so a replay is always safe
+    │   ├── CONNECT          refused, DNS, a connect that failed
+    │   └── CONNECT_TIMEOUT  a connect that hung past the per-try timeout
+    ├── delivered, no answer head: the tool may be working on it (see ``replay``)
+    │   ├── TIMEOUT          the per-try timeout (or the deadline) passed first
+    │   └── RESET            the connection broke first
+    └── the sidecar's own saturation: never the tool's fault, never retried
+        ├── POOL_TIMEOUT     no free connection in the sidecar's pool in time
+        └── NO_FDS           the process is out of file descriptors
 
 When no upstream answer exists, the sidecar answers itself with a ``SidecarError``
 in the GoMind ToolResponse envelope; its ``details`` values are strings and carry
@@ -15,6 +22,7 @@ in the GoMind ToolResponse envelope; its ``details`` values are strings and carr
 from __future__ import annotations
 
 import enum
+import errno
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -24,9 +32,29 @@ from aiohttp import web
 
 
 class AttemptError(enum.Enum):
+    """The value is the attempt's token in ``X-Sidecar-Trail``."""
+
     CONNECT = "connect_error"
+    CONNECT_TIMEOUT = "connect_timeout"
     TIMEOUT = "timeout"
     RESET = "reset"
+    POOL_TIMEOUT = "pool_timeout"
+    NO_FDS = "fd_exhausted"
+
+    @property
+    def delivered(self) -> bool:
+        """The request may have reached the tool (and may be running there)."""
+        return self in (AttemptError.TIMEOUT, AttemptError.RESET)
+
+    @property
+    def local(self) -> bool:
+        """The sidecar itself is saturated; the tool was never asked."""
+        return self in (AttemptError.POOL_TIMEOUT, AttemptError.NO_FDS)
+
+
+def out_of_descriptors(exc: BaseException) -> bool:
+    """Whether ``exc`` says the process (or the system) has no file descriptor left."""
+    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
 
 
 class RequestTooLarge(Exception):
@@ -49,11 +77,22 @@ REQUEST_TOO_LARGE = SidecarError("REQUEST_TOO_LARGE", 413, "INPUT_ERROR", False)
 SIDECAR_OVERLOADED = SidecarError("SIDECAR_OVERLOADED", 503, "SERVICE_ERROR", True)
 CIRCUIT_OPEN = SidecarError("CIRCUIT_OPEN", 503, "SERVICE_ERROR", True)
 
+CLIENT_TIMEOUT = SidecarError("CLIENT_TIMEOUT", 408, "INPUT_ERROR", True)
+
 _ANSWER_FOR_ATTEMPT = {
     AttemptError.CONNECT: (UPSTREAM_UNREACHABLE, "could not connect to the tool"),
+    AttemptError.CONNECT_TIMEOUT: (UPSTREAM_UNREACHABLE, "connecting to the tool timed out"),
     AttemptError.TIMEOUT: (UPSTREAM_TIMEOUT, "the tool did not answer in time"),
     AttemptError.RESET: (UPSTREAM_RESET, "the tool closed the connection before answering"),
+    AttemptError.POOL_TIMEOUT: (
+        SIDECAR_OVERLOADED,
+        "no free upstream connection in the sidecar's pool in time",
+    ),
+    AttemptError.NO_FDS: (SIDECAR_OVERLOADED, "the sidecar is out of file descriptors"),
 }
+
+# How long an agent refused for the sidecar's own saturation should wait.
+OVERLOADED_RETRY_AFTER_S = "1"
 
 
 def error_response(
@@ -84,11 +123,54 @@ def error_response(
 
 
 def attempt_error_response(
-    error: AttemptError, headers: Mapping[str, str] | None = None
+    error: AttemptError,
+    headers: Mapping[str, str] | None = None,
+    *,
+    reason: str | None = None,
 ) -> web.Response:
-    """The sidecar's answer when the last attempt produced no upstream answer."""
+    """The sidecar's answer when the last attempt produced no upstream answer.
+
+    ``details.delivered`` is ``"maybe"`` when the request may have reached the tool: the
+    agent, not the sidecar, decides whether to send it again.
+    """
     sidecar_error, message = _ANSWER_FOR_ATTEMPT[error]
-    return error_response(sidecar_error, message, {"reason": error.value}, headers)
+    details = {"reason": reason or error.value}
+    if error.delivered:
+        details["delivered"] = "maybe"
+    if error.local:
+        headers = {**(headers or {}), "Retry-After": OVERLOADED_RETRY_AFTER_S}
+    return error_response(sidecar_error, message, details, headers)
+
+
+def overloaded_response(limit: int) -> web.Response:
+    """The answer past ``SIDECAR_MAX_IN_FLIGHT``: try again shortly."""
+    return error_response(
+        SIDECAR_OVERLOADED,
+        "the sidecar has as many requests in flight as it admits",
+        {"max_in_flight": limit},
+        {"Retry-After": OVERLOADED_RETRY_AFTER_S},
+    )
+
+
+def shutdown_response(headers: Mapping[str, str] | None = None) -> web.Response:
+    """The answer to a request still waiting for the tool when the drain time ran out."""
+    response = error_response(
+        UPSTREAM_TIMEOUT,
+        "the sidecar is shutting down and the tool had not answered",
+        {"reason": "shutdown"},
+        headers,
+    )
+    response.force_close()
+    return response
+
+
+def client_timeout_response() -> web.Response:
+    """The agent stopped sending its request body."""
+    response = error_response(
+        CLIENT_TIMEOUT, "the request body did not arrive in time", {"reason": "client_timeout"}
+    )
+    response.force_close()
+    return response
 
 
 def circuit_open_response(

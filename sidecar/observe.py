@@ -10,7 +10,6 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TextIO
 
 import orjson
@@ -284,12 +283,35 @@ class _Children:
         return child
 
 
-@dataclass(slots=True)
-class _Refusals:
-    """A route's circuit refusals not yet logged, and when the last line was."""
+class _Throttle:
+    """Counts occurrences and says when one should be logged: the first, then at most one
+    per ``interval_s``, carrying how many happened since the last one logged."""
 
-    count: int = 0
-    logged_at: float | None = None
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s = interval_s
+        self._clock = clock
+        self._next_at = 0.0
+        self._count = 0
+
+    def count(self) -> int:
+        """0 when this occurrence stays silent, else how many to report (itself included)."""
+        self._count += 1
+        now = self._clock()
+        if now < self._next_at:
+            return 0
+        self._next_at = now + self._interval_s
+        count, self._count = self._count, 0
+        return count
+
+    def flush(self) -> int:
+        """How many happened since the last one logged, now to report; the next occurrence
+        is logged at once."""
+        count, self._count, self._next_at = self._count, 0, 0.0
+        return count
+
+
+# Saturation can repeat thousands of times a second; one line per this many seconds says it.
+_OVERLOAD_LOG_INTERVAL_S = 10.0
 
 
 class Hooks:
@@ -307,7 +329,8 @@ class Hooks:
         self._access_log = access_log
         self._child = _Children()
         self._clock = clock
-        self._refusals: dict[str, _Refusals] = {}
+        self._refusals: dict[str, _Throttle] = {}
+        self._overloads = _Throttle(_OVERLOAD_LOG_INTERVAL_S)
 
     def request_received(self, route: str, method: str) -> None:
         """A request was matched to ``route``: it is now in flight."""
@@ -417,6 +440,13 @@ class Hooks:
         """A retry was refused: the route's retry budget is spent."""
         self._child(self.metrics.budget_exhausted, route).inc()
 
+    def sidecar_overloaded(self, route: str | None, reason: str) -> None:
+        """The sidecar itself had no room for a call: ``max_in_flight``, ``pool_timeout``
+        (no free upstream connection) or ``fd_exhausted``. Logged once per interval."""
+        count = self._overloads.count()
+        if count:
+            self.log.error("sidecar_overloaded", route=route, reason=reason, count=count)
+
     def circuit_state(self, route: str, state: int) -> None:
         """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open).
 
@@ -424,8 +454,8 @@ class Hooks:
         """
         self._child(self.metrics.circuit_state, route).set(state)
         refusals = self._refusals.get(route)
-        if state == _CIRCUIT_CLOSED and refusals is not None and refusals.count:
-            self._log_refusals(route, refusals)
+        if state == _CIRCUIT_CLOSED and refusals is not None:
+            self._log_refusals(route, refusals.flush())
 
     def circuit_refused(self, route: str) -> None:
         """The route's open circuit refused a request without trying the tool.
@@ -435,15 +465,14 @@ class Hooks:
         ``CIRCUIT_REFUSALS_INTERVAL_S``. Each request is still counted in
         ``sidecar_requests_total``.
         """
-        refusals = self._refusals.setdefault(route, _Refusals())
-        refusals.count += 1
-        last = refusals.logged_at
-        if last is None or self._clock() - last >= CIRCUIT_REFUSALS_INTERVAL_S:
-            self._log_refusals(route, refusals)
+        refusals = self._refusals.get(route)
+        if refusals is None:
+            refusals = self._refusals[route] = _Throttle(CIRCUIT_REFUSALS_INTERVAL_S, self._clock)
+        self._log_refusals(route, refusals.count())
 
-    def _log_refusals(self, route: str, refusals: _Refusals) -> None:
-        self.log.warning("circuit_refusals", route=route, count=refusals.count)
-        refusals.count, refusals.logged_at = 0, self._clock()
+    def _log_refusals(self, route: str, count: int) -> None:
+        if count:
+            self.log.warning("circuit_refusals", route=route, count=count)
 
     def request_finished(
         self,

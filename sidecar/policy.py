@@ -4,6 +4,9 @@ Backoff follows AWS's "Exponential Backoff and Jitter": the exponential step is
 ``min(cap, base * multiplier ** n)``; ``full`` jitter waits uniformly in ``[0, step]``,
 ``equal`` in ``[step / 2, step]``, ``decorrelated`` in ``[base, previous * 3]`` (capped),
 ``none`` exactly ``step``.
+
+A wait the tool asked for is stretched by a random factor in ``[1, 1.25]``: callers that
+all got ``Retry-After: 1`` at once would otherwise all come back in the same millisecond.
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from dataclasses import dataclass
 from sidecar.settings import JitterMode
 
 Uniform = Callable[[float, float], float]
+
+# Requested waits are stretched by up to this factor (Envoy spreads them by up to 1.5).
+REQUESTED_WAIT_SPREAD = 1.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +44,36 @@ class Backoff:
             return min(self.cap_s, self.uniform(self.base_s, upper))
         return step
 
+    def spread(self, requested_s: float) -> float:
+        """A requested wait, stretched so that concurrent callers do not return together."""
+        return requested_s * self.uniform(1.0, REQUESTED_WAIT_SPREAD)
 
-class Stop(enum.Enum):
-    """Why no further attempt is made; the value is the ``X-Sidecar-Outcome``."""
 
+class Outcome(enum.StrEnum):
+    """How a request ended: the ``X-Sidecar-Outcome``. All but the first two say why no
+    further attempt was made."""
+
+    OK = "ok"
+    RECOVERED = "recovered"
     EXHAUSTED = "exhausted"
     UNREACHABLE = "unreachable"
     NOT_RETRYABLE = "not-retryable"
     BUDGET = "budget-exhausted"
     DEADLINE = "deadline"
+    OVERLOADED = "overloaded"  # the sidecar itself had no room for the call
+
+
+# The sidecar stopped although the tool's answer was not a success: the agent's own
+# client should not add retries on top (``x-should-retry: false``).
+GAVE_UP = frozenset(
+    {
+        Outcome.EXHAUSTED,
+        Outcome.UNREACHABLE,
+        Outcome.NOT_RETRYABLE,
+        Outcome.BUDGET,
+        Outcome.DEADLINE,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,20 +99,22 @@ def plan_wait(
     previous_s: float | None,
     time_left_s: float,
     unreachable: bool,
-) -> Wait | Stop:
+) -> Wait | Outcome:
     """The wait before the next retry, or why there is none.
 
     A wait the tool asked for is honoured up to ``max_retry_after_s``; past that the answer
-    goes back at once (sleeping that long helps nobody). No wait may outlast the deadline.
+    goes back at once (sleeping that long helps nobody). It is spread within those limits
+    and the deadline, and never shortened. No wait may outlast the deadline.
     """
     if retries_done >= limits.max_retries:
-        return Stop.UNREACHABLE if unreachable else Stop.EXHAUSTED
+        return Outcome.UNREACHABLE if unreachable else Outcome.EXHAUSTED
     if requested_s is not None:
         if requested_s > limits.max_retry_after_s:
-            return Stop.NOT_RETRYABLE
-        wait = Wait(requested_s, "retry_after")
+            return Outcome.NOT_RETRYABLE
+        stretched = min(backoff.spread(requested_s), limits.max_retry_after_s)
+        wait = Wait(stretched if stretched < time_left_s else requested_s, "retry_after")
     else:
         wait = Wait(backoff.delay(retries_done + 1, previous_s), "backoff")
     if wait.seconds >= time_left_s:
-        return Stop.DEADLINE
+        return Outcome.DEADLINE
     return wait

@@ -14,8 +14,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from sidecar import errors, ids
 from sidecar.controls import request_controls
-from sidecar.engine import Engine
+from sidecar.engine import Engine, Result
 from sidecar.observe import UNMATCHED_ROUTE, Hooks
+from sidecar.policy import GAVE_UP, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.routing import RouteTable, Target, has_dot_segment
 from sidecar.upstream import (
@@ -26,9 +27,11 @@ from sidecar.upstream import (
     upstream_request_headers,
 )
 
-_STREAM_CHUNK_BYTES = 64 * 1024
-
 _log = structlog.get_logger("sidecar")
+
+
+class _ClientTooSlow(Exception):
+    """The agent stopped sending its request body for longer than the client timeout."""
 
 
 @dataclass(slots=True)
@@ -38,12 +41,22 @@ class _StreamedBody:
     head: bytes
     request: web.BaseRequest
     hard_limit: int
+    idle_timeout_s: float
     exceeded: bool = False
+    stalled: bool = False
 
     async def chunks(self) -> AsyncIterator[bytes]:
         sent = len(self.head)
         yield self.head
-        async for chunk in self.request.content.iter_chunked(_STREAM_CHUNK_BYTES):
+        while True:
+            try:
+                async with asyncio.timeout(self.idle_timeout_s):
+                    chunk = await self.request.content.readany()
+            except TimeoutError:
+                self.stalled = True
+                raise _ClientTooSlow from None
+            if not chunk:
+                return
             sent += len(chunk)
             if self.hard_limit and sent > self.hard_limit:
                 self.exceeded = True
@@ -52,15 +65,33 @@ class _StreamedBody:
 
 
 class Proxy:
-    """Forwards every method and path to the route's upstream, through the retry engine."""
+    """Forwards every method and path to the route's upstream, through the retry engine.
+
+    It also keeps the books a graceful shutdown needs: which requests are running, and
+    which of them still wait for the tool (and so can still get an answer of ours).
+    """
 
     def __init__(
-        self, routes: RouteTable, engine: Engine, hooks: Hooks, *, max_request_bytes: int
+        self,
+        routes: RouteTable,
+        engine: Engine,
+        hooks: Hooks,
+        *,
+        max_request_bytes: int,
+        max_in_flight: int,
+        client_timeout_s: float,
     ) -> None:
         self._routes = routes
         self._engine = engine
         self._hooks = hooks
         self._max_request_bytes = max_request_bytes
+        self._max_in_flight = max_in_flight
+        self._client_timeout_s = client_timeout_s
+        self._running: set[asyncio.Task[object]] = set()
+        self._waiting_for_tool: set[asyncio.Task[object]] = set()
+        self._all_done = asyncio.Event()
+        self._all_done.set()
+        self._draining = False
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
         request_id = request.headers.get("X-Request-ID") or ids.request_id()
@@ -77,13 +108,56 @@ class Proxy:
             return errors.error_response(
                 errors.NO_ROUTE, _no_route_message(request.method), {"path": request.path}
             )
-        with structlog.contextvars.bound_contextvars(
-            request_id=request_id, route=target.route.name, method=request.method, path=path
-        ):
-            return await self._forward(request, target, request_id)
+        if self._max_in_flight and len(self._running) >= self._max_in_flight:
+            self._hooks.sidecar_overloaded(target.route.name, "max_in_flight")
+            self._hooks.request_finished(
+                target.route.name, request.method, Outcome.OVERLOADED, 503, 0, 0.0, matched=False
+            )
+            return errors.overloaded_response(self._max_in_flight)
+        task = asyncio.current_task()
+        assert task is not None
+        self._running.add(task)
+        self._waiting_for_tool.add(task)
+        self._all_done.clear()
+        try:
+            with structlog.contextvars.bound_contextvars(
+                request_id=request_id, route=target.route.name, method=request.method, path=path
+            ):
+                response = await self._forward(request, target, request_id, task)
+        except asyncio.CancelledError:
+            if not (self._draining and task in self._waiting_for_tool):
+                raise
+            # The drain time ran out while the tool still had not answered: say so.
+            task.uncancel()
+            response = errors.shutdown_response()
+        finally:
+            self._running.discard(task)
+            self._waiting_for_tool.discard(task)
+            if not self._running:
+                self._all_done.set()
+        if self._draining:
+            response.force_close()
+        return response
+
+    async def drain(self, timeout_s: float) -> None:
+        """Let the requests in flight finish for up to ``timeout_s``, then cut the rest.
+
+        A request still waiting for the tool then gets ``UPSTREAM_TIMEOUT`` with
+        ``details.reason: "shutdown"``; one whose answer is already streaming is cut.
+        """
+        self._draining = True
+        try:
+            await asyncio.wait_for(self._all_done.wait(), timeout_s)
+        except TimeoutError:
+            for task in list(self._running):
+                task.cancel()
 
     async def _forward(
-        self, request: web.BaseRequest, target: Target, request_id: str
+        self,
+        request: web.BaseRequest,
+        target: Target,
+        request_id: str,
+        task: asyncio.Task[object],
     ) -> web.StreamResponse:
         started = time.monotonic()
         route = target.route
@@ -93,7 +167,12 @@ class Proxy:
             bad_header = undeliverable_header(request.headers)
             if bad_header is not None:
                 raise web.HTTPBadRequest(text=f"header {bad_header} is not valid UTF-8")
-            body = await self._read_request_body(request, route.tuning.max_body_bytes)
+            try:
+                body = await self._read_request_body(request, route.tuning.max_body_bytes)
+            except _ClientTooSlow:
+                response = errors.client_timeout_response()
+                status = response.status
+                return response
             if body is None:
                 response = self._too_large()
                 status = response.status
@@ -116,13 +195,8 @@ class Proxy:
                 None if isinstance(body, _StreamedBody) else Payload(body),
             )
             outcome, attempts, trail = result.outcome, result.attempts, ", ".join(result.trail)
-            report = {
-                "X-Sidecar-Attempts": str(attempts),
-                "X-Sidecar-Outcome": outcome,
-                "X-Sidecar-Trail": trail,
-            }
-            if result.repaired:
-                report["X-Sidecar-Repaired"] = ",".join(result.repaired)
+            self._waiting_for_tool.discard(task)
+            report = _report(result)
             if result.answer is not None:
                 status = result.answer.status
                 response = await relay(request, result.answer, report)
@@ -130,10 +204,14 @@ class Proxy:
                 return response
             if isinstance(body, _StreamedBody) and body.exceeded:
                 response = self._too_large()
+            elif isinstance(body, _StreamedBody) and body.stalled:
+                response = errors.client_timeout_response()
             elif result.circuit_open_for_s is not None:
                 response = errors.circuit_open_response(result.circuit_open_for_s, report)
             else:
                 assert result.error is not None
+                if result.error.local:
+                    self._hooks.sidecar_overloaded(route.name, result.error.value)
                 response = errors.attempt_error_response(result.error, report)
             status = response.status
             return response
@@ -172,19 +250,38 @@ class Proxy:
         if not request.body_exists:
             return b""
         try:
-            if declared is not None and declared <= buffer_limit:
-                return await request.content.readexactly(declared)
-            head = bytearray()
-            while len(head) <= buffer_limit:
-                chunk = await request.content.readany()
-                if not chunk:
-                    return bytes(head)
-                head.extend(chunk)
+            async with asyncio.timeout(self._client_timeout_s):
+                if declared is not None and declared <= buffer_limit:
+                    return await request.content.readexactly(declared)
+                head = bytearray()
+                while len(head) <= buffer_limit:
+                    chunk = await request.content.readany()
+                    if not chunk:
+                        return bytes(head)
+                    head.extend(chunk)
         except (HttpProcessingError, asyncio.IncompleteReadError):
             raise web.HTTPBadRequest(text="the request body is malformed or incomplete") from None
+        except TimeoutError:
+            raise _ClientTooSlow from None
         if self._max_request_bytes and len(head) > self._max_request_bytes:
             return None
-        return _StreamedBody(bytes(head), request, self._max_request_bytes)
+        return _StreamedBody(bytes(head), request, self._max_request_bytes, self._client_timeout_s)
+
+
+def _report(result: Result) -> dict[str, str]:
+    """The ``X-Sidecar-*`` headers that tell the agent what the sidecar did."""
+    report = {
+        "X-Sidecar-Attempts": str(result.attempts),
+        "X-Sidecar-Outcome": result.outcome,
+        "X-Sidecar-Trail": ", ".join(result.trail),
+    }
+    if result.repaired:
+        report["X-Sidecar-Repaired"] = ",".join(result.repaired)
+    if result.outcome in GAVE_UP:
+        # The sidecar already retried what could be retried; the official OpenAI and
+        # Anthropic SDKs read this header and do not add their own retries on top.
+        report["x-should-retry"] = "false"
+    return report
 
 
 def _why_not_relayable(answer: Answer) -> str | None:

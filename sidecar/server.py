@@ -3,29 +3,45 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import resource
 import signal
 import socket
+from typing import Any
 
 import structlog
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.app import LIFECYCLE, SERVER_KWARGS, create_admin_app, create_app
+from sidecar.app import HOOKS, LIFECYCLE, PROXY, create_admin_app, create_app, server_kwargs
+from sidecar.errors import out_of_descriptors
+from sidecar.observe import Hooks
 from sidecar.settings import Settings, resolve_routes
+
+# Connections the kernel may queue before the sidecar accepts them. An agent fleet that
+# connects at once overflows aiohttp's default of 128 and sees connects dropped.
+ACCEPT_BACKLOG = 4096
+# After the drain time, requests cut short get this long to write their last answer.
+_CUT_GRACE_S = 0.25
+# How often the count of open file descriptors is compared with the process's limit.
+_FD_CHECK_INTERVAL_S = 1.0
+_FD_USE_REPORTED = 0.95
 
 
 class StartupError(Exception):
     """The sidecar could not start serving, stated in one line that is safe to print."""
 
 
-async def _listen(runner: web.AppRunner, host: str, port: int, role: str) -> None:
+async def _listen(
+    runner: web.AppRunner, host: str, port: int, role: str, host_variable: str, **site: Any
+) -> None:
     """Listen on ``host``:``port`` for ``role``, or say in one line why that is impossible."""
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, **site).start()
     except socket.gaierror as exc:
         raise StartupError(
-            f"cannot listen on {host} (SIDECAR_HOST): not an address of this machine "
+            f"cannot listen on {host} ({host_variable}): not an address of this machine "
             f"or a name that resolves ({exc.strerror})"
         ) from None
     except OSError as exc:
@@ -38,7 +54,9 @@ async def serve(settings: Settings) -> None:
     """Serve until a SIGTERM/SIGINT arrives, then drain and return.
 
     Draining: ``/readyz`` turns 503, the proxy stops listening, and requests in flight
-    get up to ``drain_timeout_ms`` to finish before they are cancelled.
+    get up to ``drain_timeout_ms`` to finish. Then those still waiting for the tool are
+    answered ``UPSTREAM_TIMEOUT`` (reason ``shutdown``), the rest are cut, and the
+    process exits well within a second more.
     """
     log = structlog.get_logger("sidecar")
     stop = asyncio.Event()
@@ -48,17 +66,28 @@ async def serve(settings: Settings) -> None:
 
     app = create_app(settings)
     lifecycle = app[LIFECYCLE]
-    proxy_runner = web.AppRunner(
-        app, shutdown_timeout=settings.drain_timeout_ms / 1000, **SERVER_KWARGS
-    )
+    _report_descriptor_exhaustion(loop, app[HOOKS])
+    fd_watch = asyncio.create_task(_watch_descriptors(app[HOOKS]))
+    proxy_runner = web.AppRunner(app, shutdown_timeout=_CUT_GRACE_S, **server_kwargs(settings))
     admin_runner = web.AppRunner(create_admin_app(app), access_log=None)
     await proxy_runner.setup()
     await admin_runner.setup()
     try:
         await _listen(
-            admin_runner, settings.host, settings.admin_port, "admin port (SIDECAR_ADMIN_PORT)"
+            admin_runner,
+            settings.admin_host,
+            settings.admin_port,
+            "admin port (SIDECAR_ADMIN_PORT)",
+            "SIDECAR_ADMIN_HOST",
         )
-        await _listen(proxy_runner, settings.host, settings.port, "proxy port (SIDECAR_PORT)")
+        await _listen(
+            proxy_runner,
+            settings.host,
+            settings.port,
+            "proxy port (SIDECAR_PORT)",
+            "SIDECAR_HOST",
+            backlog=ACCEPT_BACKLOG,
+        )
         lifecycle.ready = True
         log.info(
             "sidecar_started",
@@ -70,10 +99,53 @@ async def serve(settings: Settings) -> None:
         await stop.wait()
         lifecycle.draining = True
         log.info("shutdown_started", drain_timeout_ms=settings.drain_timeout_ms)
+        for site in list(proxy_runner.sites):
+            await site.stop()
+        await app[PROXY].drain(settings.drain_timeout_ms / 1000)
     finally:
+        fd_watch.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await fd_watch
         # The admin app outlives the drain, so /readyz answers 503 while requests finish.
         await proxy_runner.cleanup()
         await admin_runner.cleanup()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
     log.info("sidecar_stopped")
+
+
+async def _watch_descriptors(hooks: Hooks) -> None:
+    """Report when the process is about to run out of file descriptors.
+
+    Out of descriptors, new agents' connections are dropped at accept (libuv, under
+    uvloop, accepts and closes them without a word) and the tool cannot be reached:
+    the sidecar's own saturation, which must not pass for the tool's failure.
+    """
+    limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    while limit != resource.RLIM_INFINITY:
+        await asyncio.sleep(_FD_CHECK_INTERVAL_S)
+        try:
+            exhausted = len(os.listdir("/proc/self/fd")) >= limit * _FD_USE_REPORTED
+        except OSError as exc:  # listing takes a descriptor too
+            if not out_of_descriptors(exc):
+                return  # no /proc: nothing to watch with
+            exhausted = True
+        if exhausted:
+            hooks.sidecar_overloaded(None, "fd_exhausted")
+
+
+def _report_descriptor_exhaustion(loop: asyncio.AbstractEventLoop, hooks: Hooks) -> None:
+    """Out of file descriptors, asyncio's own loop cannot accept connections and logs a
+    traceback per try; say it once per interval as the sidecar's own overload instead."""
+    previous = loop.get_exception_handler()
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and out_of_descriptors(exc):
+            hooks.sidecar_overloaded(None, "fd_exhausted")
+        elif previous is not None:
+            previous(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)

@@ -42,6 +42,7 @@ DEFAULT_ROUTE_NAME = "default"
 
 JitterMode = Literal["full", "equal", "decorrelated", "none"]
 RepairLevel = Literal["off", "deterministic", "auto"]
+ReplayMode = Literal["safe", "always"]
 REPAIR_LEVELS: tuple[RepairLevel, ...] = ("off", "deterministic", "auto")
 
 # The longest any duration setting may be: nothing the sidecar waits for or remembers
@@ -80,13 +81,18 @@ class Tuning(BaseModel):
     backoff_jitter: JitterMode = "full"
     max_retry_after_ms: DurationMs = 60000
     per_try_timeout_ms: DurationMs = Field(30000, gt=0)
+    inspect_timeout_ms: DurationMs = Field(2000, gt=0)
+    replay_delivered: ReplayMode = "safe"
     request_timeout_ms: DurationMs = Field(120000, gt=0)
     retry_on_status: Annotated[frozenset[Count], NoDecode] = frozenset({500, 502, 503, 504})
     max_body_bytes: Count = 10 * 1024 * 1024
     retry_budget_ratio: Number = Field(0.2, ge=0.0)
     retry_budget_min_per_s: Number = Field(10.0, ge=0.0)
     circuit_failures: Count = 5
+    circuit_failure_rate: Number = Field(0.5, gt=0.0, le=1.0)
+    circuit_window_ms: DurationMs = Field(30000, gt=0)
     circuit_open_ms: DurationMs = Field(30000, gt=0)
+    circuit_half_open_probes: Count = Field(3, ge=1)
     idempotency_header: str = "Idempotency-Key"
     repair: RepairLevel = "auto"
     llm_max_repairs: Count = 2
@@ -122,7 +128,7 @@ class Tuning(BaseModel):
     @field_validator("idempotency_header")
     @classmethod
     def _header_token(cls, value: str) -> str:
-        if value.lower() == "off":
+        if value.strip().lower() == "off":
             return ""
         if value and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
             raise ValueError("must be a header name, off or empty")
@@ -147,6 +153,7 @@ class RouteSpec(BaseModel):
     prefix: str = "/"
     upstream: AnyHttpUrl
     strip_prefix: bool = False
+    idempotent: bool = False  # every call of this route is safe to run twice
     schema_source: str | None = Field(None, alias="schema")
     overrides: dict[str, Any] = Field(default_factory=dict)
 
@@ -181,6 +188,7 @@ class RouteConfig:
     strip_prefix: bool
     schema_source: str | None
     tuning: Tuning
+    idempotent: bool = False
 
 
 class Settings(Tuning, BaseSettings):
@@ -196,11 +204,16 @@ class Settings(Tuning, BaseSettings):
 
     host: str = "0.0.0.0"
     port: Port = 8090
+    # Apart from ``host`` so the proxy can stay on loopback while probes and scrapes reach
+    # the admin port from the pod network.
+    admin_host: str = "0.0.0.0"
     admin_port: Port = 9464
     upstream_url: AnyHttpUrl | None = None
     config_file: Path | None = None
     routes: list[RouteSpec] = Field(default_factory=list)
     upstream_max_connections: Count = 1000
+    max_in_flight: Count = 2048
+    client_timeout_ms: DurationMs = Field(60000, gt=0)
     max_request_bytes: Count = 1024 * 1024 * 1024
     drain_timeout_ms: DurationMs = 20000
     schema_refresh_ms: DurationMs = Field(300000, ge=1000)
@@ -220,7 +233,10 @@ class Settings(Tuning, BaseSettings):
 
     @model_validator(mode="after")
     def _ports_differ(self) -> Settings:
-        if self.port and self.port == self.admin_port:
+        # One port on two different addresses is fine, but a wildcard address takes them all.
+        hosts = {self.host, self.admin_host}
+        shared = len(hosts) == 1 or bool(hosts & {"0.0.0.0", "::", ""})
+        if self.port and self.port == self.admin_port and shared:
             raise ValueError(
                 f"port (SIDECAR_PORT) and admin_port (SIDECAR_ADMIN_PORT) are both {self.port}: "
                 "the proxy and the admin endpoints need a port each"
@@ -393,6 +409,7 @@ def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
                 strip_prefix=spec.strip_prefix,
                 schema_source=spec.schema_source,
                 tuning=tuning,
+                idempotent=spec.idempotent,
             )
         )
     return tuple(routes)

@@ -10,12 +10,14 @@ import asyncio
 import enum
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import aiohttp
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from sidecar.errors import AttemptError
+from sidecar.envelopes import first_event
+from sidecar.errors import AttemptError, out_of_descriptors
 
 # RFC 9110 §7.6.1 plus the proxy-only fields RFC 2616 named; anything listed in
 # ``Connection`` is hop-by-hop as well.
@@ -43,16 +45,68 @@ RequestBody = bytes | AsyncIterable[bytes]
 
 
 def create_session(max_connections: int) -> aiohttp.ClientSession:
-    """The process-wide pool: no decompression, no cookies, no redirects, no own timeouts."""
+    """The process-wide pool: no decompression, no cookies, no redirects, no own timeouts,
+    and no hidden retries."""
     connector = aiohttp.TCPConnector(limit=max_connections, limit_per_host=0)
-    return aiohttp.ClientSession(
+    session = aiohttp.ClientSession(
         connector=connector,
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         timeout=aiohttp.ClientTimeout(total=None),
         skip_auto_headers=_SKIP_AUTO_HEADERS,
         raise_for_status=False,
+        trace_configs=[_progress_trace()],
     )
+    # aiohttp resends an idempotent request once, silently, when a kept-alive connection
+    # drops under it. The tool would then run work the sidecar never counted as an
+    # attempt. There is no public switch; aiohttp's own test client flips the same one.
+    session._retry_connection = False
+    return session
+
+
+class _Stage(enum.IntEnum):
+    """How far one attempt got; it tells a pool wait, a connect and a sent request apart."""
+
+    STARTED = 0
+    QUEUED = 1  # waiting for a free connection in the sidecar's own pool
+    CONNECTING = 2
+    CONNECTED = 3
+    SENT = 4  # the request's head was written to the tool's socket
+
+
+@dataclass(slots=True)
+class _Progress:
+    stage: _Stage = _Stage.STARTED
+
+    def error(self, exc: BaseException | None) -> AttemptError:
+        """The attempt error for a failure (``None``: the per-try timeout) at this stage."""
+        if out_of_descriptors(getattr(exc, "os_error", exc)):
+            return AttemptError.NO_FDS
+        if self.stage is _Stage.QUEUED:
+            return AttemptError.POOL_TIMEOUT
+        if self.stage is _Stage.SENT:
+            return AttemptError.TIMEOUT if exc is None else AttemptError.RESET
+        return AttemptError.CONNECT_TIMEOUT if exc is None else AttemptError.CONNECT
+
+
+def _progress_trace() -> aiohttp.TraceConfig:
+    trace = aiohttp.TraceConfig()
+
+    def mark(stage: _Stage) -> object:
+        async def on_signal(_: object, context: SimpleNamespace, __: object) -> None:
+            progress = context.trace_request_ctx
+            if isinstance(progress, _Progress):
+                progress.stage = stage
+
+        return on_signal
+
+    trace.on_connection_queued_start.append(mark(_Stage.QUEUED))
+    trace.on_connection_queued_end.append(mark(_Stage.STARTED))
+    trace.on_connection_create_start.append(mark(_Stage.CONNECTING))
+    trace.on_connection_create_end.append(mark(_Stage.CONNECTED))
+    trace.on_connection_reuseconn.append(mark(_Stage.CONNECTED))
+    trace.on_request_headers_sent.append(mark(_Stage.SENT))
+    return trace
 
 
 def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
@@ -133,13 +187,15 @@ class Answer:
     """The tool's answer: its body whole when ``complete``, else the part read so far.
 
     ``decisive`` says whether ``body`` holds what a decision needs: the whole body, or the
-    first event of an event stream.
+    first event of an event stream. ``slow`` says that part did not come within the
+    inspection window: the answer goes to the agent as it is.
     """
 
     response: aiohttp.ClientResponse
     body: bytes
     complete: bool
     decisive: bool = False
+    slow: bool = False
 
     @property
     def status(self) -> int:
@@ -181,13 +237,16 @@ async def exchange(
     request: UpstreamRequest,
     timeout_s: float,
     inspect_limit: int,
+    inspect_timeout_s: float,
 ) -> Answer | AttemptError:
-    """One attempt: the answer's headers, and its body when that matters and is small.
+    """One attempt: the answer's head, and the part of its body a decision needs.
 
-    ``timeout_s`` bounds the headers and any body read for inspection, never a body
-    that is streamed to the agent afterwards.
+    ``timeout_s`` bounds connecting, sending and waiting for the head — nothing after:
+    once the head is here the tool has answered, and the attempt is never replayed for a
+    slow body. Reading what a decision needs gets ``inspect_timeout_s``; past it the
+    answer goes to the agent as it is and the rest streams.
     """
-    response: aiohttp.ClientResponse | None = None
+    progress = _Progress()
     try:
         async with asyncio.timeout(timeout_s):
             response = await session.request(
@@ -196,53 +255,69 @@ async def exchange(
                 headers=request.headers,
                 data=request.body,
                 allow_redirects=False,
+                trace_request_ctx=progress,
             )
-            mode = body_read(request.method, response)
-            if mode is BodyRead.WHOLE:
-                body, complete = await _read_up_to(response, inspect_limit)
-                return Answer(response, body, complete, decisive=complete)
-            if mode is BodyRead.FIRST_EVENT:
-                first_event = await _read_first_event(response, inspect_limit)
-                return Answer(response, first_event, complete=False, decisive=True)
-            return Answer(response, b"", complete=False)
     except TimeoutError:
-        error = AttemptError.TIMEOUT
-    except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError):
-        error = AttemptError.CONNECT
-    except (aiohttp.ClientError, OSError):
-        error = AttemptError.RESET
-    except asyncio.CancelledError:
-        # The agent went away mid-attempt: the half-read answer must not keep its socket.
-        if response is not None:
-            response.close()
-        raise
-    if response is not None:
-        response.close()
-    return error
+        return progress.error(None)
+    except (aiohttp.ClientError, OSError) as exc:
+        return progress.error(exc)
+    return await _inspect(request.method, response, inspect_limit, inspect_timeout_s)
 
 
-async def _read_first_event(response: aiohttp.ClientResponse, limit: int) -> bytes:
-    """The stream up to the end of its first event (or ``limit`` bytes, or its end)."""
+async def _inspect(
+    method: str, response: aiohttp.ClientResponse, limit: int, timeout_s: float
+) -> Answer | AttemptError:
+    """The answer with as much of its body read as deciding on it needs.
+
+    A body that does not come in time goes to the agent as it is (the status alone
+    decides). One that breaks is no answer at all: the attempt was delivered and then
+    reset, and the replay rules for a delivered request apply.
+    """
+    mode = body_read(method, response)
+    if mode is BodyRead.NONE:
+        return Answer(response, b"", complete=False)
     buffer = bytearray()
-    while len(buffer) <= limit and b"\n\n" not in buffer and b"\r\n\r\n" not in buffer:
+    try:
+        async with asyncio.timeout(timeout_s):
+            if mode is BodyRead.WHOLE:
+                complete = await _read_up_to(response, limit, buffer)
+                return Answer(response, bytes(buffer), complete, decisive=complete)
+            found = await _read_first_event(response, limit, buffer)
+            return Answer(response, bytes(buffer), complete=False, decisive=found)
+    except TimeoutError:
+        return Answer(response, bytes(buffer), complete=False, slow=True)
+    except (aiohttp.ClientError, OSError):
+        response.close()
+        return AttemptError.RESET
+    except asyncio.CancelledError:
+        # The agent went away mid-read: the half-read answer must not keep its socket.
+        response.close()
+        raise
+
+
+async def _read_first_event(
+    response: aiohttp.ClientResponse, limit: int, buffer: bytearray
+) -> bool:
+    """Read the stream into ``buffer`` up to the end of its first event; whether one came
+    (comment-only blocks such as ``: ping`` are not events)."""
+    while len(buffer) <= limit:
+        if first_event(buffer) is not None:
+            return True
         chunk = await response.content.readany()
         if not chunk:
             break
         buffer.extend(chunk)
-    return bytes(buffer)
+    return first_event(buffer) is not None
 
 
-async def _read_up_to(response: aiohttp.ClientResponse, limit: int) -> tuple[bytes, bool]:
-    """About ``limit`` bytes of the body at most, and whether that is all of it."""
+async def _read_up_to(response: aiohttp.ClientResponse, limit: int, buffer: bytearray) -> bool:
+    """Read about ``limit`` bytes of the body at most into ``buffer``; whether that is all."""
     declared = response.content_length
     if declared is not None and declared > limit:
-        return b"", False
-    chunks: list[bytes] = []
-    size = 0
-    while size <= limit:
+        return False
+    while len(buffer) <= limit:
         chunk = await response.content.readany()
         if not chunk:
-            return b"".join(chunks), True
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks), False
+            return True
+        buffer.extend(chunk)
+    return False

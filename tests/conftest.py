@@ -19,7 +19,7 @@ from hypothesis import settings as hypothesis_settings
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from sidecar.app import SERVER_KWARGS, create_app
+from sidecar.app import create_app, server_kwargs
 from sidecar.settings import load_settings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -55,24 +55,31 @@ class Tool:
         return str(self.server.make_url("/"))
 
 
-class RecordingSleep:
-    """Stands in for ``asyncio.sleep``: records each wait and returns at once."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
-
-
 class FakeClock:
-    """A monotonic clock that moves only when a test moves it."""
+    """A monotonic clock that moves only when a test, or a ``RecordingSleep``, moves it."""
 
     def __init__(self) -> None:
         self.now = 1000.0
 
     def __call__(self) -> float:
         return self.now
+
+
+class RecordingSleep:
+    """Stands in for ``asyncio.sleep``: records each wait and returns at once.
+
+    Given a ``FakeClock``, each wait moves that clock on by its length, so waiting uses up
+    deadlines, budgets and circuit windows exactly as real time would.
+    """
+
+    def __init__(self, clock: FakeClock | None = None) -> None:
+        self.waits: list[float] = []
+        self._clock = clock
+
+    async def __call__(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        if self._clock is not None:
+            self._clock.now += seconds
 
 
 @dataclass
@@ -144,18 +151,14 @@ def make_sidecar(aiohttp_client: Any) -> Callable[..., Awaitable[Sidecar]]:
         if isinstance(upstream, Tool):
             upstream = upstream.url
         registry = CollectorRegistry()
-        sleep = sleep or RecordingSleep()
-        app = create_app(
-            load_settings(upstream_url=upstream, **settings),
-            registry=registry,
-            sleep=sleep,
-            clock=clock,
-        )
+        sleep = sleep or RecordingSleep(clock if isinstance(clock, FakeClock) else None)
+        configuration = load_settings(upstream_url=upstream, **settings)
+        app = create_app(configuration, registry=registry, sleep=sleep, clock=clock)
         # Served as in production; TestServer sets handler_cancellation itself.
         server = TestServer(app)
-        await server.start_server(
-            **{key: value for key, value in SERVER_KWARGS.items() if key != "handler_cancellation"}
-        )
+        served_as = server_kwargs(configuration)
+        del served_as["handler_cancellation"]
+        await server.start_server(**served_as)
         client = await aiohttp_client(server, auto_decompress=False)
         return Sidecar(client, registry, sleep)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -66,12 +67,22 @@ async def _lines_until_started(process: asyncio.subprocess.Process) -> list[str]
 
 @asynccontextmanager
 async def sidecar_process(
-    upstream: str, env: dict[str, str] | None = None, *, command: tuple[str, ...] = ("serve",)
+    upstream: str,
+    env: dict[str, str] | None = None,
+    *,
+    command: tuple[str, ...] = ("serve",),
+    max_fds: int | None = None,
 ) -> AsyncIterator[RunningSidecar]:
     """``tool-retry-sidecar serve`` in a child process on free ports; killed if it outlives us.
 
-    Its stderr joins its stdout in ``lines``: every byte it writes is there.
+    Its stderr joins its stdout in ``lines``: every byte it writes is there. ``max_fds``
+    limits its file descriptors.
     """
+
+    def limit_descriptors() -> None:
+        if max_fds is not None:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
+
     process = await asyncio.create_subprocess_exec(
         CONSOLE_SCRIPT,
         *command,
@@ -84,6 +95,7 @@ async def sidecar_process(
         env=clean_env(SIDECAR_HOST="127.0.0.1", **(env or {})),
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT,
+        preexec_fn=limit_descriptors,
     )
     try:
         lines = await asyncio.wait_for(_lines_until_started(process), timeout=20)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 from prometheus_client import CollectorRegistry
 
+from sidecar.inject_pod import ADMIN_PORT_NAME, CONFIG_DIR, CONFIG_KEY, INJECTED_LABEL
 from sidecar.observe import Metrics
-from sidecar.settings import Settings
+from sidecar.settings import RouteSpec, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 METRIC = re.compile(r"\b(?:sidecar|process)_[a-z_]+")
@@ -63,3 +65,41 @@ def test_chart_and_compose_settings_are_real_settings():
 
     assert set(values["sidecar"]["settings"]) <= set(Settings.model_fields)
     assert set(compose_settings) <= set(Settings.model_fields)
+
+
+def unknown_keys(given: Any, defaults: Any, path: str = "") -> list[str]:
+    """Keys of ``given`` that ``defaults`` lacks; Helm ignores such a key without a word."""
+    if not isinstance(given, dict) or not isinstance(defaults, dict) or not defaults:
+        return []
+    unknown = []
+    for key, value in given.items():
+        if key not in defaults:
+            unknown.append(path + key)
+        else:
+            unknown += unknown_keys(value, defaults[key], f"{path}{key}.")
+    return unknown
+
+
+def test_agent_only_values_are_values_the_chart_reads():
+    chart = ROOT / "helm/tool-retry-sidecar"
+    defaults = yaml.safe_load((chart / "values.yaml").read_text())
+    own = yaml.safe_load((chart / "values-own-agent.yaml").read_text())
+
+    assert own["example"]["enabled"] is False
+    assert unknown_keys(own, defaults) == []
+    assert unknown_keys({"sidecar": {"typo": 1}}, defaults) == ["sidecar.typo"]
+    assert set(own["sidecar"]["settings"]) <= set(Settings.model_fields)
+    for route in own["sidecar"]["routes"]:
+        RouteSpec.model_validate(route)
+
+
+def test_the_chart_selects_scrapes_and_mounts_what_inject_adds():
+    templates = ROOT / "helm/tool-retry-sidecar/templates"
+    helpers = (templates / "_helpers.tpl").read_text()
+
+    assert f'{INJECTED_LABEL}: "true"' in helpers
+    assert f"name: {ADMIN_PORT_NAME}, containerPort" in helpers
+    assert f"SIDECAR_CONFIG_FILE, value: {CONFIG_DIR}/{CONFIG_KEY}" in helpers
+    assert f"  {CONFIG_KEY}: |" in (templates / "configmap.yaml").read_text()
+    for monitor in ("podmonitor.yaml", "servicemonitor.yaml"):
+        assert f"- port: {ADMIN_PORT_NAME}" in (templates / monitor).read_text()

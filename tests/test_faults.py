@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import eventually, scripted, unused_port
-from tests.rawhttp import raw_tool, reply_then
+from tests.rawhttp import raw_tool, read_request_head, reply_then
 
 pytestmark = pytest.mark.fault
 
@@ -61,36 +61,90 @@ TRUNCATED_CHUNKED = (
 )
 
 
-@pytest.mark.parametrize(
-    ("handler", "status", "code", "outcome"),
+BROKEN_ANSWERS = pytest.mark.parametrize(
+    "handler",
     [
-        (reply_then(RESET_MID_BODY), 502, "UPSTREAM_RESET", "exhausted"),
-        (reply_then(HEADERS_THEN_STALL, stall_until_closed), 504, "UPSTREAM_TIMEOUT", "exhausted"),
-        (reply_then(TRUNCATED_CHUNKED), 502, "UPSTREAM_RESET", "exhausted"),
-        (reply_then(b""), 502, "UPSTREAM_RESET", "exhausted"),
+        reply_then(RESET_MID_BODY),
+        reply_then(TRUNCATED_CHUNKED),
+        reply_then(b""),
+        reply_then(b"", stall_until_closed),
     ],
-    ids=["reset-mid-body", "headers-then-stall", "truncated-chunked", "closed-at-once"],
+    ids=["reset-mid-body", "truncated-chunked", "closed-at-once", "no-head-then-stall"],
 )
-async def test_broken_upstreams_end_in_a_contract_envelope_quickly_and_leak_nothing(
-    make_sidecar, handler, status, code, outcome
+
+
+@BROKEN_ANSWERS
+async def test_broken_answers_to_a_put_are_replayed_then_end_in_an_envelope_and_leak_nothing(
+    make_sidecar, handler
 ):
     async with raw_tool(handler) as url:
         sidecar = await make_sidecar(url, per_try_timeout_ms=200, circuit_failures=0)
 
         async def scenario() -> None:
             started = time.monotonic()
-            response = await sidecar.client.post("/", json={"q": 1})
+            response = await sidecar.client.put("/", json={"q": 1})
             body = await response.json()
-            assert response.status == status
-            assert body["error"]["code"] == code
-            assert response.headers["X-Sidecar-Outcome"] == outcome
+            assert response.status in (502, 504)
+            assert body["error"]["code"] in ("UPSTREAM_RESET", "UPSTREAM_TIMEOUT")
+            assert body["error"]["details"]["delivered"] == "maybe"
+            assert response.headers["X-Sidecar-Outcome"] == "exhausted"
             assert response.headers["X-Sidecar-Attempts"] == "4"
+            assert response.headers["x-should-retry"] == "false"
             assert time.monotonic() - started < 4 * 0.2 + 1.0
 
         await assert_no_leaks(scenario, repeats=5)
     attempts = sidecar.metric("sidecar_upstream_attempts_total", route="default", status="error")
     assert attempts == 4 * 6
     assert sidecar.metric("sidecar_in_flight_requests", route="default") == 0
+
+
+@BROKEN_ANSWERS
+async def test_broken_answers_to_a_post_are_not_replayed(make_sidecar, handler):
+    """The tool may have run the call: the agent, not the sidecar, decides to send it again."""
+    calls = 0
+
+    async def counting(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal calls
+        calls += 1
+        await handler(reader, writer)
+
+    async with raw_tool(counting) as url:
+        sidecar = await make_sidecar(url, per_try_timeout_ms=200)
+        response = await sidecar.client.post("/", json={"q": 1})
+        body = await response.json()
+
+    assert calls == 1
+    assert response.status in (502, 504)
+    assert body["error"]["details"]["delivered"] == "maybe"
+    assert response.headers["X-Sidecar-Outcome"] == "not-retryable"
+    assert response.headers["X-Sidecar-Attempts"] == "1"
+
+
+async def test_an_answer_whose_body_stalls_is_relayed_as_it_is_after_the_inspection_window(
+    make_sidecar,
+):
+    """Its head committed the attempt: no timeout envelope, no replay."""
+    calls = 0
+    stalled = asyncio.Event()
+
+    async def head_then_stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal calls
+        calls += 1
+        await read_request_head(reader)
+        writer.write(HEADERS_THEN_STALL + b'{"a":')
+        await writer.drain()
+        await stalled.wait()
+        writer.write(b"12}\n")
+        await writer.drain()
+
+    async with raw_tool(head_then_stall) as url:
+        sidecar = await make_sidecar(url, per_try_timeout_ms=200, inspect_timeout_ms=100)
+        response = await sidecar.client.post("/", json={"q": 1})
+        assert response.status == 500
+        assert response.headers["X-Sidecar-Attempts"] == "1"
+        stalled.set()
+        assert await response.read() == b'{"a":12}\n'
+    assert calls == 1
 
 
 async def test_refused_connections_leak_nothing(make_sidecar):

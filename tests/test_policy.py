@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sidecar.budget import RetryBudget
-from sidecar.circuit import CircuitBreaker, CircuitState
+from sidecar.circuit import CircuitBreaker, CircuitState, Ticket
 from sidecar.controls import request_controls
-from sidecar.policy import Backoff, Limits, Stop, Wait, plan_wait
+from sidecar.policy import Backoff, Limits, Outcome, Wait, plan_wait
 from sidecar.settings import Tuning
 from tests.conftest import FakeClock
 
@@ -54,7 +54,7 @@ def plan(**overrides):
         "retries_done": 0,
         "limits": Limits(max_retries=3, max_retry_after_s=60.0),
         "requested_s": None,
-        "backoff": Backoff(1.0, 10.0, 2.0, "none"),
+        "backoff": Backoff(1.0, 10.0, 2.0, "none", uniform=bottom),
         "previous_s": None,
         "time_left_s": 100.0,
         "unreachable": False,
@@ -67,11 +67,22 @@ def test_plan_wait_rules():
     assert plan(retries_done=2) == Wait(4.0, "backoff")
     assert plan(requested_s=7.0) == Wait(7.0, "retry_after")
     assert plan(requested_s=0.0) == Wait(0.0, "retry_after")
-    assert plan(retries_done=3) is Stop.EXHAUSTED
-    assert plan(retries_done=3, unreachable=True) is Stop.UNREACHABLE
-    assert plan(requested_s=61.0) is Stop.NOT_RETRYABLE
-    assert plan(requested_s=30.0, time_left_s=10.0) is Stop.DEADLINE
-    assert plan(time_left_s=0.5) is Stop.DEADLINE
+    assert plan(retries_done=3) is Outcome.EXHAUSTED
+    assert plan(retries_done=3, unreachable=True) is Outcome.UNREACHABLE
+    assert plan(requested_s=61.0) is Outcome.NOT_RETRYABLE
+    assert plan(requested_s=30.0, time_left_s=10.0) is Outcome.DEADLINE
+    assert plan(time_left_s=0.5) is Outcome.DEADLINE
+
+
+def test_requested_waits_are_spread_up_to_a_quarter_within_the_limits():
+    stretching = Backoff(1.0, 10.0, 2.0, "none", uniform=top)
+    assert plan(requested_s=8.0, backoff=stretching) == Wait(10.0, "retry_after")
+    # Never past the longest wait honoured, never shorter than what the tool asked for.
+    assert plan(requested_s=50.0, backoff=stretching) == Wait(60.0, "retry_after")
+    assert plan(requested_s=59.0, backoff=stretching) == Wait(60.0, "retry_after")
+    # No room before the deadline to spread: exactly the requested wait.
+    assert plan(requested_s=8.0, backoff=stretching, time_left_s=9.0) == Wait(8.0, "retry_after")
+    assert plan(requested_s=0.0, backoff=stretching) == Wait(0.0, "retry_after")
 
 
 def test_budget_allows_the_floor_plus_a_ratio_of_requests_in_the_window():
@@ -89,41 +100,123 @@ def test_budget_allows_the_floor_plus_a_ratio_of_requests_in_the_window():
     assert budget.try_spend() is False
 
 
-def test_circuit_breaker_cycle():
-    clock = FakeClock()
-    circuit = CircuitBreaker(failures=2, open_s=5.0, clock=clock)
+def breaker(clock: FakeClock, **overrides) -> CircuitBreaker:
+    settings = {
+        "min_failures": 5,
+        "failure_rate": 0.5,
+        "window_s": 30.0,
+        "open_s": 5.0,
+        "probes": 2,
+        "clock": clock,
+    }
+    return CircuitBreaker(**{**settings, **overrides})
 
-    assert circuit.admit() is None
-    circuit.record(failed=True)
+
+def finish(circuit: CircuitBreaker, failed: bool, count: int = 1) -> None:
+    """``count`` requests admitted now and ended with this verdict."""
+    for _ in range(count):
+        ticket = circuit.admit()
+        assert isinstance(ticket, Ticket)
+        circuit.record(ticket, failed)
+
+
+def due_for_probes(clock: FakeClock, **overrides) -> CircuitBreaker:
+    """A circuit that opened on five failed requests and whose open time has passed."""
+    circuit = breaker(clock, **overrides)
+    finish(circuit, failed=True, count=5)
+    clock.now += 5
+    return circuit
+
+
+def test_circuit_counts_requests_and_opens_on_a_failure_rate_past_a_minimum():
+    circuit = breaker(FakeClock())
+    finish(circuit, failed=False, count=20)
+    finish(circuit, failed=True, count=5)  # 5 of 25: a minority
     assert circuit.state is CircuitState.CLOSED
-    circuit.record(failed=False)  # a success resets the count
-    circuit.record(failed=True)
-    assert circuit.state is CircuitState.CLOSED
-    circuit.record(failed=True)
+    finish(circuit, failed=True, count=15)  # 20 of 40: half
     assert circuit.state is CircuitState.OPEN
     assert circuit.admit() == 5.0
 
-    clock.now += 5
-    assert circuit.admit() is None  # the probe
-    assert circuit.state is CircuitState.HALF_OPEN
-    assert circuit.admit() == 0.0  # one probe at a time
-    circuit.record(failed=True)
+
+def test_circuit_needs_the_minimum_number_of_failed_requests():
+    circuit = breaker(FakeClock())
+    finish(circuit, failed=True, count=4)  # 100% failed, but only 4
+    assert circuit.state is CircuitState.CLOSED
+    finish(circuit, failed=True)
     assert circuit.state is CircuitState.OPEN
 
-    clock.now += 5
-    assert circuit.admit() is None
-    circuit.abandon()  # the probe's request went away: another may probe
-    assert circuit.admit() is None
-    circuit.record(failed=False)
+
+def test_circuit_window_forgets_old_verdicts():
+    clock = FakeClock()
+    circuit = breaker(clock)
+    finish(circuit, failed=True, count=4)
+    clock.now += 31
+    finish(circuit, failed=True, count=4)
     assert circuit.state is CircuitState.CLOSED
-    assert circuit.admit() is None
+
+
+def test_half_open_lets_a_few_probes_through_and_closes_after_they_succeed():
+    circuit = due_for_probes(FakeClock())
+    first, second = circuit.admit(), circuit.admit()
+    assert isinstance(first, Ticket) and first.probe
+    assert isinstance(second, Ticket) and second.probe
+    assert circuit.state is CircuitState.HALF_OPEN
+    assert circuit.admit() == 0.0  # the probes are out
+    circuit.record(first, failed=False)
+    assert circuit.state is CircuitState.HALF_OPEN
+    circuit.record(second, failed=False)
+    assert circuit.state is CircuitState.CLOSED
+    finish(circuit, failed=True, count=4)  # a fresh window after closing
+    assert circuit.state is CircuitState.CLOSED
+
+
+def test_one_failed_probe_reopens_and_the_other_probe_no_longer_counts():
+    circuit = due_for_probes(FakeClock())
+    first, second = circuit.admit(), circuit.admit()
+    assert isinstance(first, Ticket) and isinstance(second, Ticket)
+    circuit.record(first, failed=True)
+    assert circuit.state is CircuitState.OPEN
+    circuit.record(second, failed=False)  # admitted before the circuit re-opened
+    assert circuit.state is CircuitState.OPEN
+    assert circuit.admit() == 5.0
+
+
+def test_late_verdicts_from_an_older_generation_change_nothing():
+    clock = FakeClock()
+    circuit = breaker(clock)
+    slow = circuit.admit()
+    assert isinstance(slow, Ticket)
+    finish(circuit, failed=True, count=5)
+    assert circuit.state is CircuitState.OPEN
+    circuit.record(slow, failed=False)  # a late success does not close an open circuit
+    assert circuit.state is CircuitState.OPEN
+    assert not circuit.allows_more(slow)
+
+    clock.now += 5
+    probes = [circuit.admit(), circuit.admit()]
+    for probe in probes:
+        assert isinstance(probe, Ticket)
+        circuit.record(probe, failed=False)
+    assert circuit.state is CircuitState.CLOSED
+    circuit.record(slow, failed=True)  # nor does a late failure re-open a closed one
+    assert circuit.allows_more(slow)
+    finish(circuit, failed=True, count=4)
+    assert circuit.state is CircuitState.CLOSED
+
+
+def test_an_abandoned_probe_frees_its_place():
+    circuit = due_for_probes(FakeClock(), probes=1)
+    probe = circuit.admit()
+    assert isinstance(probe, Ticket)
+    assert circuit.admit() == 0.0
+    circuit.abandon(probe)
+    assert isinstance(circuit.admit(), Ticket)
 
 
 def test_zero_failures_disables_the_breaker():
-    circuit = CircuitBreaker(failures=0, open_s=5.0, clock=FakeClock())
-    for _ in range(100):
-        circuit.record(failed=True)
-    assert circuit.admit() is None
+    circuit = breaker(FakeClock(), min_failures=0)
+    finish(circuit, failed=True, count=100)
+    assert circuit.state is CircuitState.CLOSED
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from sidecar import __version__
-from tests.conftest import eventually
+from tests.conftest import eventually, unused_port
 from tests.processes import RunningSidecar, run_cli, sidecar_process
 
 
@@ -101,6 +102,59 @@ async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server)
     assert events[0] == "sidecar_started"
     assert events[-2:] == ["shutdown_started", "sidecar_stopped"]
     assert all(line.startswith("{") for line in sidecar.lines)
+
+
+async def test_drain_time_running_out_answers_waiting_calls_and_exits_in_time(aiohttp_server):
+    reached_tool = asyncio.Event()
+
+    async def hangs(request: web.Request) -> web.Response:
+        reached_tool.set()
+        await asyncio.sleep(30)
+        return web.json_response({})
+
+    app = web.Application()
+    app.router.add_post("/hangs", hangs)
+    tool = await aiohttp_server(app)
+    drain_s = 1.0
+    async with sidecar_process(
+        str(tool.make_url("/")), {"SIDECAR_DRAIN_TIMEOUT_MS": str(int(drain_s * 1000))}
+    ) as sidecar:
+        exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
+        async with aiohttp.ClientSession() as agent:
+            in_flight = asyncio.create_task(agent.post(f"{sidecar.proxy}/hangs", json={}))
+            await asyncio.wait_for(reached_tool.wait(), timeout=5)
+            signalled = asyncio.get_running_loop().time()
+            sidecar.process.send_signal(signal.SIGTERM)
+
+            response = await asyncio.wait_for(in_flight, timeout=10)
+            body = await response.json()
+            assert await asyncio.wait_for(exit_code, timeout=10) == 0
+            exited_after = asyncio.get_running_loop().time() - signalled
+
+    assert response.status == 504
+    assert body["error"]["code"] == "UPSTREAM_TIMEOUT"
+    assert body["error"]["details"]["reason"] == "shutdown"
+    # The drain time, then well under a second to answer and stop (0.1 took twice as long).
+    assert exited_after < drain_s + 1.5
+
+
+async def test_running_out_of_file_descriptors_is_logged_as_the_sidecars_own_overload():
+    async with sidecar_process(f"http://127.0.0.1:{unused_port()}", max_fds=64) as sidecar:
+        port = int(sidecar.proxy.rsplit(":", 1)[1])
+        agents = [socket.create_connection(("127.0.0.1", port)) for _ in range(80)]
+        try:
+            assert sidecar.process.stdout is not None
+            line = await asyncio.wait_for(sidecar.process.stdout.readline(), timeout=10)
+        finally:
+            for agent in agents:
+                agent.close()
+
+    event = json.loads(line)
+    assert (event["event"], event["reason"], event["level"]) == (
+        "sidecar_overloaded",
+        "fd_exhausted",
+        "error",
+    )
 
 
 @pytest.mark.slow

@@ -241,6 +241,17 @@ def test_both_ports_may_be_chosen_by_the_system():
     assert (settings.port, settings.admin_port) == (0, 0)
 
 
+def test_one_port_serves_both_only_on_two_different_addresses(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SIDECAR_PORT", "8090")
+    monkeypatch.setenv("SIDECAR_ADMIN_PORT", "8090")
+    monkeypatch.setenv("SIDECAR_HOST", "127.0.0.1")
+    with pytest.raises(ConfigError, match="are both 8090"):
+        load_settings(upstream_url=UPSTREAM)  # the admin host is every address
+
+    monkeypatch.setenv("SIDECAR_ADMIN_HOST", "10.0.0.7")
+    assert load_settings(upstream_url=UPSTREAM).admin_port == 8090
+
+
 def test_unknown_variables_name_the_setting_they_most_likely_meant():
     environ = {
         "SIDECAR_MAX_RETRYS": "5",

@@ -28,7 +28,7 @@ class Case:
     config: bytes | None = None
 
 
-LOOPBACK = {"SIDECAR_HOST": "127.0.0.1"}
+LOOPBACK = {"SIDECAR_HOST": "127.0.0.1", "SIDECAR_ADMIN_HOST": "127.0.0.1"}
 CASES = {
     "proxy port in use": Case(
         "cannot listen on 127.0.0.1:{busy}, the proxy port (SIDECAR_PORT): address already in use",
@@ -51,6 +51,10 @@ CASES = {
     "host does not resolve": Case(
         "cannot listen on no-such-host.invalid (SIDECAR_HOST)",
         env={"SIDECAR_HOST": "no-such-host.invalid"},
+    ),
+    "admin host does not resolve": Case(
+        "cannot listen on no-such-host.invalid (SIDECAR_ADMIN_HOST)",
+        env={"SIDECAR_ADMIN_HOST": "no-such-host.invalid"},
     ),
     "key is not a string": Case(
         "has a key that is not a setting name (1)", config=b"max_retries: 2\n1: one\n"

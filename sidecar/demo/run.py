@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.app import LIFECYCLE, SERVER_KWARGS, create_admin_app, create_app
+from sidecar.app import LIFECYCLE, create_admin_app, create_app, server_kwargs
 from sidecar.demo.tool import API_KEY, ToolLog, create_tool_app
 from sidecar.settings import load_settings
 
@@ -115,7 +115,7 @@ async def run_demo(
         **{**DEMO_SETTINGS, **(settings_overrides or {})},
     )
     sidecar_app = create_app(settings)
-    sidecar_runner = web.AppRunner(sidecar_app, **SERVER_KWARGS)
+    sidecar_runner = web.AppRunner(sidecar_app, **server_kwargs(settings))
     admin_runner = web.AppRunner(create_admin_app(sidecar_app), access_log=None)
     await sidecar_runner.setup()
     await admin_runner.setup()

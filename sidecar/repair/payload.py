@@ -1,4 +1,4 @@
-"""A request body as the repair layers see it: bytes, and the JSON object they hold."""
+"""A request body as the repair layers see it: bytes, and the JSON value they hold."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ from typing import Any
 
 import orjson
 
+from sidecar.repair.jsontext import dumps, rewrite
+
 
 class Payload:
     """A body that was or will be sent; ``layers`` says which repairs made it.
@@ -15,35 +17,37 @@ class Payload:
     The JSON is parsed only when a repair layer asks for it: most calls never need it.
     """
 
-    def __init__(
-        self, body: bytes, document: dict[str, Any] | None = None, layers: tuple[str, ...] = ()
-    ) -> None:
+    def __init__(self, body: bytes, layers: tuple[str, ...] = ()) -> None:
         self.body = body
         self.layers = layers
-        if document is not None:
-            self.document = document
 
     @cached_property
-    def document(self) -> dict[str, Any] | None:
-        """The body's JSON object, or ``None`` when the body is not one."""
-        if self.body.lstrip()[:1] != b"{":
-            return None
+    def value(self) -> Any:
+        """The body's JSON value (an integer past 64 bits reads as a float), or ``None``."""
         try:
-            parsed = orjson.loads(self.body)
+            return orjson.loads(self.body)
         except orjson.JSONDecodeError:
             return None
-        return parsed if isinstance(parsed, dict) else None
 
-    def repaired(self, document: dict[str, Any], layer: str) -> Payload:
+    @property
+    def document(self) -> dict[str, Any] | None:
+        """The body's JSON object, or ``None`` when the body is not one."""
+        return self.value if isinstance(self.value, dict) else None
+
+    def repaired(self, value: Any, layer: str) -> Payload:
+        """This payload changed to read as ``value``: only the values that differ are
+        rewritten, every other byte of the body stays as the agent sent it."""
         layers = self.layers if layer in self.layers else (*self.layers, layer)
-        return Payload(orjson.dumps(document), document, layers)
+        if self.value is None:
+            return Payload(dumps(value).encode(), layers)
+        return Payload(rewrite(self.body.decode(), self.value, value).encode(), layers)
 
     @cached_property
     def fingerprint(self) -> str:
         """Equal for payloads that mean the same JSON, whatever their key order."""
-        if self.document is None:
+        if self.value is None:
             return hashlib.sha256(self.body).hexdigest()
-        return fingerprint(self.document)
+        return fingerprint(self.value)
 
 
 def fingerprint(document: Any) -> str:

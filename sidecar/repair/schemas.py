@@ -3,6 +3,8 @@
 What comes out is always a plain, self-contained JSON Schema for one request body: local
 ``$ref``s inlined (a cycle becomes ``{}``, "anything"), and OpenAPI 3.0's ``nullable``
 turned into a ``"null"`` type, so coercion and validation need to know only JSON Schema.
+An OpenAPI ``discriminator`` names its branches by ``$ref``; as those are inlined, it gains
+``x-branch-index``: each tag's position in the ``oneOf``/``anyOf`` list.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ import aiohttp
 import orjson
 import yaml
 
+# The discriminator member added by ``resolve``: tag → index of the branch it selects.
+BRANCH_INDEX = "x-branch-index"
 _METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 _MAX_REF_DEPTH = 32
 
@@ -162,10 +166,38 @@ def resolve(node: Any, document: Mapping[str, Any], active: frozenset[str] = fro
             return {}
         return resolve(target, document, active | {reference})
     resolved = {key: resolve(value, document, active) for key, value in node.items()}
+    branch_index = _discriminator_branches(node)
+    if branch_index:
+        resolved["discriminator"] = {**resolved["discriminator"], BRANCH_INDEX: branch_index}
     if resolved.pop("nullable", False) is True and "type" in resolved:
         types = resolved["type"] if isinstance(resolved["type"], list) else [resolved["type"]]
         resolved["type"] = [*types, "null"]
     return resolved
+
+
+def _discriminator_branches(node: Mapping[str, Any]) -> dict[str, int]:
+    """Tag → branch index for a discriminated union whose branches are ``$ref``s.
+
+    A tag is mapped by ``discriminator.mapping`` (to a ``$ref`` or a bare schema name), or
+    else implicitly by the name of the schema a branch refers to, as OpenAPI defines.
+    """
+    discriminator = node.get("discriminator")
+    branches = node.get("oneOf") or node.get("anyOf")
+    if not isinstance(discriminator, dict) or not isinstance(branches, list):
+        return {}
+    refs = [branch.get("$ref") if isinstance(branch, dict) else None for branch in branches]
+    index = {
+        ref.rsplit("/", 1)[-1]: position
+        for position, ref in enumerate(refs)
+        if isinstance(ref, str)
+    }
+    mapping = discriminator.get("mapping")
+    for tag, target in mapping.items() if isinstance(mapping, dict) else ():
+        if isinstance(target, str):
+            ref = target if "/" in target else f"#/components/schemas/{target}"
+            if ref in refs:
+                index[str(tag)] = refs.index(ref)
+    return index
 
 
 def _pointer(document: Mapping[str, Any], reference: str) -> Any:

@@ -23,14 +23,63 @@ app.kubernetes.io/name: {{ include "tool-retry-sidecar.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The pods that carry the sidecar: see metrics.podSelector in values.yaml. */}}
+{{- define "tool-retry-sidecar.podSelector" -}}
+{{- if .Values.metrics.podSelector -}}
+{{- toYaml .Values.metrics.podSelector -}}
+{{- else if .Values.example.enabled -}}
+{{- include "tool-retry-sidecar.selectorLabels" . -}}
+{{- else -}}
+tool-retry-sidecar/injected: "true"
+{{- end -}}
+{{- end -}}
+
 {{- define "tool-retry-sidecar.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{- define "tool-retry-sidecar.configMapName" -}}
+{{ include "tool-retry-sidecar.fullname" . }}-config
+{{- end -}}
+
+{{/* The LLM key's Secret: the one named, or the one this chart creates. */}}
+{{- define "tool-retry-sidecar.llmSecretName" -}}
+{{- with .Values.sidecar.llm.apiKeySecret -}}
+{{- if .name -}}
+{{ .name }}
+{{- else if .create -}}
+{{ include "tool-retry-sidecar.fullname" $ }}-llm
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The sidecar's config file: everything but the secret and the listen addresses. */}}
+{{- define "tool-retry-sidecar.configFile" -}}
+{{- $config := deepCopy .Values.sidecar.settings -}}
+{{- with .Values.sidecar.upstreamUrl }}{{ $_ := set $config "upstream_url" . }}{{ end -}}
+{{- with .Values.sidecar.routes }}{{ $_ := set $config "routes" . }}{{ end -}}
+{{- with .Values.sidecar.llm.baseUrl }}{{ $_ := set $config "llm_base_url" . }}{{ end -}}
+{{- with .Values.sidecar.llm.model }}{{ $_ := set $config "llm_model" . }}{{ end -}}
+{{- toYaml $config -}}
+{{- end -}}
+
 {{/*
-The sidecar container. Include it in your own pod spec under initContainers (native
-sidecar, Kubernetes >= 1.29) or containers; see the README's "Deploy" section.
+Seconds the pod gets to stop: the sidecar's drain, the plain-container preStop pause, and
+ten more for the agent to exit and the kubelet to reap.
 */}}
+{{- define "tool-retry-sidecar.gracePeriodSeconds" -}}
+{{- $pause := ternary 0 (int .Values.sidecar.preStopSleepSeconds) .Values.sidecar.native -}}
+{{- add (int .Values.sidecar.drainTimeoutSeconds) $pause 10 -}}
+{{- end -}}
+
+{{/* Native sidecars need Kubernetes >= 1.29: say so instead of rendering a pod that fails. */}}
+{{- define "tool-retry-sidecar.requireNativeSidecars" -}}
+{{- if and .Values.sidecar.native (not (semverCompare ">=1.29.0-0" .Capabilities.KubeVersion.Version)) -}}
+{{- fail (printf "sidecar.native=true needs Kubernetes >= 1.29 (native sidecars); this cluster is %s: set sidecar.native=false for a plain sidecar container" .Capabilities.KubeVersion.Version) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The sidecar container of the example pod. Your own pods get it from `inject`. */}}
 {{- define "tool-retry-sidecar.container" -}}
 - name: tool-retry-sidecar
   image: {{ include "tool-retry-sidecar.image" . }}
@@ -39,26 +88,17 @@ sidecar, Kubernetes >= 1.29) or containers; see the README's "Deploy" section.
   restartPolicy: Always
   {{- end }}
   ports:
-    - {name: proxy, containerPort: {{ .Values.sidecar.port }}, protocol: TCP}
-    - {name: admin, containerPort: {{ .Values.sidecar.adminPort }}, protocol: TCP}
+    - {name: sidecar-proxy, containerPort: {{ .Values.sidecar.port }}, protocol: TCP}
+    - {name: sidecar-admin, containerPort: {{ .Values.sidecar.adminPort }}, protocol: TCP}
   env:
+    - {name: SIDECAR_HOST, value: {{ .Values.sidecar.host | quote }}}
     - {name: SIDECAR_PORT, value: {{ .Values.sidecar.port | quote }}}
+    # Probes and Prometheus reach the admin port on the pod IP.
+    - {name: SIDECAR_ADMIN_HOST, value: "0.0.0.0"}
     - {name: SIDECAR_ADMIN_PORT, value: {{ .Values.sidecar.adminPort | quote }}}
     - {name: SIDECAR_DRAIN_TIMEOUT_MS, value: {{ mul .Values.sidecar.drainTimeoutSeconds 1000 | quote }}}
-    {{- with .Values.sidecar.upstreamUrl }}
-    - {name: SIDECAR_UPSTREAM_URL, value: {{ . | quote }}}
-    {{- end }}
-    {{- if .Values.sidecar.routes }}
-    - {name: SIDECAR_CONFIG_FILE, value: /etc/tool-retry-sidecar/routes.yaml}
-    {{- end }}
-    {{- range $name, $value := .Values.sidecar.settings }}
-    - {name: {{ printf "SIDECAR_%s" (upper $name) }}, value: {{ $value | quote }}}
-    {{- end }}
-    {{- with .Values.sidecar.llm.baseUrl }}
-    - {name: SIDECAR_LLM_BASE_URL, value: {{ . | quote }}}
-    {{- end }}
-    - {name: SIDECAR_LLM_MODEL, value: {{ .Values.sidecar.llm.model | quote }}}
-    {{- with .Values.sidecar.llm.apiKeySecret.name }}
+    - {name: SIDECAR_CONFIG_FILE, value: /etc/tool-retry-sidecar/sidecar.yaml}
+    {{- with include "tool-retry-sidecar.llmSecretName" . }}
     - name: SIDECAR_LLM_API_KEY
       valueFrom:
         secretKeyRef: {name: {{ . | quote }}, key: {{ $.Values.sidecar.llm.apiKeySecret.key | quote }}}
@@ -67,14 +107,14 @@ sidecar, Kubernetes >= 1.29) or containers; see the README's "Deploy" section.
     {{- toYaml . | nindent 4 }}
     {{- end }}
   startupProbe:
-    httpGet: {path: /readyz, port: admin}
+    httpGet: {path: /readyz, port: sidecar-admin}
     periodSeconds: 1
     failureThreshold: 30
   readinessProbe:
-    httpGet: {path: /readyz, port: admin}
+    httpGet: {path: /readyz, port: sidecar-admin}
     periodSeconds: 5
   livenessProbe:
-    httpGet: {path: /healthz, port: admin}
+    httpGet: {path: /healthz, port: sidecar-admin}
     periodSeconds: 10
     failureThreshold: 3
   {{- if not .Values.sidecar.native }}
@@ -87,8 +127,6 @@ sidecar, Kubernetes >= 1.29) or containers; see the README's "Deploy" section.
     {{- toYaml .Values.sidecar.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.containerSecurityContext | nindent 4 }}
-  {{- if .Values.sidecar.routes }}
   volumeMounts:
     - {name: tool-retry-sidecar-config, mountPath: /etc/tool-retry-sidecar, readOnly: true}
-  {{- end }}
 {{- end -}}

@@ -1,0 +1,92 @@
+"""When a request that may already have reached the tool may be sent to it again.
+
+A request that never left (connect refused, DNS, a pool wait) can always be sent again.
+One that was delivered but got no answer head — the connection reset, the per-try timeout
+passed — may be running at the tool right now; sending it again can run the tool's work
+twice. Under ``SIDECAR_REPLAY_DELIVERED=safe`` such a request is replayed only when it is
+safe to repeat:
+
+- its method is idempotent (RFC 9110 §9.2.2: GET, HEAD, OPTIONS, TRACE, PUT, DELETE);
+- the agent sent an ``Idempotency-Key``, so the tool can tell a repeat from a new call;
+- its route is configured ``idempotent: true``;
+- it is an MCP ``tools/call`` of a tool that the tool server itself annotated
+  ``readOnlyHint`` or ``idempotentHint`` in a ``tools/list`` result this sidecar relayed.
+
+``SIDECAR_REPLAY_DELIVERED=always`` replays every delivered request (the 0.1 behaviour).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sidecar.envelopes import parse_json
+
+IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+AGENT_KEY_HEADER = "Idempotency-Key"
+
+# A tool server can list any number of tools; a route remembers at most this many.
+MAX_REMEMBERED_TOOLS = 4096
+
+
+def safe_to_repeat(
+    method: str,
+    headers: Mapping[str, str],
+    *,
+    key_header: str,
+    route_idempotent: bool,
+    mcp_tool_safe: bool,
+) -> bool:
+    """Whether running this request twice has the effect of running it once.
+
+    ``headers`` are the agent's own; ``key_header`` is the configured idempotency header
+    ("" when off), honoured beside the standard ``Idempotency-Key``.
+    """
+    return (
+        method in IDEMPOTENT_METHODS
+        or AGENT_KEY_HEADER in headers
+        or (bool(key_header) and key_header in headers)
+        or route_idempotent
+        or mcp_tool_safe
+    )
+
+
+def mcp_call(body: bytes) -> tuple[str, str | None] | None:
+    """The JSON-RPC method of a request body, and the tool it calls for ``tools/call``."""
+    if b'"jsonrpc"' not in body:
+        return None
+    document = parse_json(body)
+    if not isinstance(document, dict) or not isinstance(document.get("method"), str):
+        return None
+    params = document.get("params")
+    tool = params.get("name") if isinstance(params, dict) else None
+    return document["method"], tool if isinstance(tool, str) else None
+
+
+class McpToolHints:
+    """What one route's MCP server said about its tools: which are safe to call twice."""
+
+    def __init__(self, max_tools: int = MAX_REMEMBERED_TOOLS) -> None:
+        self._safe: set[str] = set()
+        self._max_tools = max_tools
+
+    def is_safe(self, tool: str | None) -> bool:
+        return tool is not None and tool in self._safe
+
+    def learn(self, document: Any) -> None:
+        """Read a ``tools/list`` JSON-RPC result; later lists overrule earlier ones."""
+        result = document.get("result") if isinstance(document, dict) else None
+        tools = result.get("tools") if isinstance(result, dict) else None
+        if not isinstance(tools, list):
+            return
+        for tool in tools:
+            if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+                continue
+            annotations = tool.get("annotations")
+            hinted = isinstance(annotations, dict) and (
+                annotations.get("readOnlyHint") is True or annotations.get("idempotentHint") is True
+            )
+            if not hinted:
+                self._safe.discard(tool["name"])
+            elif len(self._safe) < self._max_tools:
+                self._safe.add(tool["name"])

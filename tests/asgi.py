@@ -1,0 +1,50 @@
+"""ASGI tools (FastAPI, MCP SDK servers) served by uvicorn on loopback in the caller's loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import uvicorn
+
+
+class _GuestServer(uvicorn.Server):
+    """uvicorn inside a loop it does not own: the host keeps its signal handlers (several
+    servers at once would otherwise restore each other's handlers out of order)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_serving(app: Any) -> AsyncIterator[str]:
+    """Serve ``app`` on 127.0.0.1 (a free port) as uvicorn would in production; its base URL.
+
+    Work still running at the end (a slow tool whose caller went away) is cancelled at once:
+    what the caller checks has happened by then, and waiting would only make it slower.
+    """
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=0,
+        # Cancelling those slow tools is logged as errors; the tool's answers say what matters.
+        log_level="critical",
+        access_log=False,
+        timeout_graceful_shutdown=0,
+    )
+    server = _GuestServer(config)
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with asyncio.timeout(10):
+            while not server.started:
+                if serving.done():
+                    serving.result()
+                    raise RuntimeError("uvicorn stopped before it started")
+                await asyncio.sleep(0.01)
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await serving

@@ -1,0 +1,65 @@
+"""What an httpx2-based agent (the MCP SDK's client, the ``openai`` client) got from the sidecar.
+
+Both SDKs turn an error answer into an exception that drops the sidecar's headers and body;
+a response hook on their HTTP client keeps them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import httpx2
+import orjson
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+# The MCP SDK's own defaults: a response stream may stay open for minutes.
+AGENT_TIMEOUT = httpx2.Timeout(30, read=300)
+
+
+@dataclass
+class Exchange:
+    """One POST answer as the agent received it."""
+
+    rpc_method: str | None  # the JSON-RPC method the POST carried, if it was JSON-RPC
+    status: int
+    headers: httpx2.Headers
+    error_body: bytes  # the body of an error status; streams are left to the SDK
+
+
+class Wire:
+    """Every POST answer an httpx2 client received, recorded by its response hook."""
+
+    def __init__(self) -> None:
+        self.exchanges: list[Exchange] = []
+
+    def client(self) -> httpx2.AsyncClient:
+        return httpx2.AsyncClient(timeout=AGENT_TIMEOUT, event_hooks={"response": [self.record]})
+
+    async def record(self, response: httpx2.Response) -> None:
+        request = response.request
+        if request.method != "POST":
+            return
+        sent = orjson.loads(request.content) if request.content else None
+        rpc_method = sent.get("method") if isinstance(sent, dict) else None
+        body = await response.aread() if response.status_code >= 400 else b""
+        self.exchanges.append(Exchange(rpc_method, response.status_code, response.headers, body))
+
+    def tool_calls(self) -> list[Exchange]:
+        return [exchange for exchange in self.exchanges if exchange.rpc_method == "tools/call"]
+
+
+@asynccontextmanager
+async def mcp_client(endpoint: str, wire: Wire, *, mode: str = "auto") -> AsyncIterator[Client]:
+    """The MCP SDK's streamable-HTTP client on ``endpoint``, its answers recorded on ``wire``.
+
+    ``mode="legacy"`` speaks the handshake-era protocol (what 1.x clients speak); ``"auto"``
+    is the 2.x default, which prefers the 2026-07-28 protocol when the server offers it.
+    """
+    async with (
+        wire.client() as http,
+        Client(streamable_http_client(endpoint, http_client=http), mode=mode) as client,
+    ):
+        yield client
