@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from yarl import URL
 
 from sidecar.engine import Clock, Engine, Sleep
 from sidecar.observe import Hooks, Metrics, http_server_logger
@@ -84,7 +86,7 @@ def create_app(
     their own to control time without changing behaviour.
     """
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
-    hooks = Hooks(metrics, access_log=settings.access_log)
+    hooks = Hooks(metrics, access_log=settings.access_log, clock=clock)
     route_configs = resolve_routes(settings)
     routes = RouteTable(route_configs)
 
@@ -144,7 +146,16 @@ def create_app(
     async def forward(request: web.Request) -> web.StreamResponse:
         return await request.app[PROXY].handle(request)
 
+    @web.middleware
+    async def pathless(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # CONNECT's host:port and OPTIONS's "*" are no path, so the router matches them to
+        # nothing; the proxy answers them as any path without a route, and counts them.
+        if request.match_info.http_exception is not None:
+            return await forward(request)
+        return await handler(request)
+
     app.cleanup_ctx.append(upstream_session)
+    app.middlewares.append(pathless)
     app.router.add_route("*", "/{path:.*}", forward)
     return app
 
@@ -159,8 +170,13 @@ def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
         return None
     import openai
 
+    # The client appends each endpoint's path to the base URL's text, query included
+    # (``/v1?api-key=K`` would become ``/v1/?api-key=Kchat/completions``): a query such as
+    # Azure's ``api-key`` or ``api-version`` is passed as the default query instead.
+    base_url = URL(str(settings.llm_base_url)) if settings.llm_base_url else None
     return openai.AsyncOpenAI(
-        base_url=str(settings.llm_base_url) if settings.llm_base_url else None,
+        base_url=str(base_url.with_query(None)) if base_url else None,
+        default_query=dict(base_url.query) if base_url and base_url.query else None,
         # Local OpenAI-compatible servers need no key; the client insists on one.
         api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else "none",
         max_retries=0,

@@ -5,17 +5,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
+import structlog
+
 from sidecar import __version__, inject
 from sidecar.demo.run import DEMO_SETTINGS, run_demo
 from sidecar.observe import configure_logging
-from sidecar.server import serve
-from sidecar.settings import ConfigError, Settings, load_settings, masked
+from sidecar.server import StartupError, serve
+from sidecar.settings import ConfigError, Settings, load_settings, masked, unknown_variables
 
-EXIT_CONFIG_ERROR = 2
+# Bad configuration, or a start that cannot succeed as configured (a port in use).
+EXIT_CANNOT_START = 2
 _T = TypeVar("_T")
 
 
@@ -70,8 +74,24 @@ def _run(main: Coroutine[Any, Any, _T]) -> _T:
         return runner.run(main)
 
 
+def _with_default_command(argv: Sequence[str]) -> list[str]:
+    """``serve`` is the default command, also when only its flags are given."""
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        return ["serve", *argv]
+    return list(argv)
+
+
+def _print_to_reader(text: str) -> None:
+    """Print ``text``; a reader that leaves early (``| head``) is not an error."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at nothing so that stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_with_default_command(sys.argv[1:] if argv is None else argv))
     if args.command == "inject":
         return inject.run(args)
     if args.command == "demo":
@@ -80,15 +100,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(run_demo(sys.stdout, keep_running=args.keep_running))
         except ConfigError as exc:
             print(exc, file=sys.stderr)
-            return EXIT_CONFIG_ERROR
+            return EXIT_CANNOT_START
     try:
         settings = _settings(args)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
-        return EXIT_CONFIG_ERROR
+        return EXIT_CANNOT_START
+    ignored = unknown_variables(os.environ)
     if args.command == "check-config":
-        print(json.dumps(masked(settings), indent=2, sort_keys=True))
+        for variable in ignored:
+            print(f"warning: {variable}", file=sys.stderr)
+        # The configuration is valid even when the reader stops early: still exit 0.
+        _print_to_reader(json.dumps(masked(settings), indent=2, sort_keys=True))
         return 0
     configure_logging(settings.log_level, settings.log_format)
-    _run(serve(settings))
+    log = structlog.get_logger("sidecar")
+    for variable in ignored:
+        log.warning("unknown_variable", variable=variable.name, reason=str(variable))
+    try:
+        _run(serve(settings))
+    except StartupError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_CANNOT_START
     return 0

@@ -207,6 +207,7 @@ class _Run:
         admitted = self.guards.circuit.admit()
         self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
         if not isinstance(admitted, Ticket):
+            self.hooks.circuit_refused(self.route.name)
             self.trail.append("circuit_open")
             return Result(Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=admitted)
         self._prepare()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 import orjson
@@ -20,14 +20,22 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     disable_created_metrics,
 )
 
 from sidecar import __version__
+from sidecar.credentials import MASK, is_secret_name, mask_credentials
 from sidecar.envelopes import ToolFailure
 from sidecar.policy import Wait
 
 UNMATCHED_ROUTE = "(none)"
+
+# An open circuit refuses every request at once: one line per route per interval, with
+# the number refused, says as much as thousands of lines would.
+CIRCUIT_REFUSALS_INTERVAL_S = 10.0
+_CIRCUIT_CLOSED = 0
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -39,6 +47,9 @@ class Metrics:
         # ``*_created`` series double every counter's size and no dashboard reads them.
         disable_created_metrics()
         self.registry = registry
+        # process_* (memory, open fds, CPU) and python_info, as every Python exporter has.
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
         self.build_info = Gauge(
             "sidecar_build_info", "Build of the running sidecar", ["version"], registry=registry
         )
@@ -127,15 +138,16 @@ class Metrics:
 
 
 class _ClientFaultFilter(logging.Filter):
-    """aiohttp logs a malformed request as a server error with a traceback. It is the
-    client's fault and the client already got its 400, so it becomes one info line."""
+    """aiohttp logs a malformed request as a server error with a traceback (an unknown
+    method on a new connection only at debug). It is the client's fault and the client
+    already got its 400, so it becomes one info line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         fault = record.exc_info[1] if record.exc_info else None
         if isinstance(fault, HttpProcessingError):
             record.levelno, record.levelname = logging.INFO, "INFO"
             record.msg, record.args = "malformed_request", ()
-            record.reason = fault.message.strip().splitlines()[0]
+            record.reason = fault.message.strip().splitlines()[0].rstrip(":")
             record.exc_info = record.exc_text = None
         return True
 
@@ -143,9 +155,53 @@ class _ClientFaultFilter(logging.Filter):
 def http_server_logger() -> logging.Logger:
     """The logger the proxy's HTTP server reports through."""
     logger = logging.getLogger("sidecar.http")
+    # Every record is made, debug ones too, so the filter sees each malformed request;
+    # the handler's gate then applies the configured level.
+    logger.setLevel(logging.DEBUG)
     if not any(isinstance(existing, _ClientFaultFilter) for existing in logger.filters):
         logger.addFilter(_ClientFaultFilter())
     return logger
+
+
+class _LevelGate(logging.Filter):
+    """The sidecar's own records from the configured level, everyone else's (httpx,
+    httpcore, openai, aiohttp, asyncio …) from WARNING at least: their debug and info
+    lines are free text, one per connection step, and print URLs as they were given.
+
+    The root logger's level does the same, but a library may set its own logger's level
+    (``OPENAI_LOG=debug`` does): this gate holds whatever they set.
+    """
+
+    def __init__(self, own_level: int) -> None:
+        super().__init__()
+        self._own_level = own_level
+        self._foreign_level = max(own_level, logging.WARNING)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        own = record.name == "sidecar" or record.name.startswith("sidecar.")
+        return record.levelno >= (self._own_level if own else self._foreign_level)
+
+
+def _mask_secrets(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+    """A structlog processor: credentials out of a line's message, fields and traceback.
+
+    Values under secret-looking names are masked whole; every other text (and anything
+    the renderer would turn into text) loses URL userinfo, credential query values and
+    HTTP credentials.
+    """
+    return {name: _masked(name, value) for name, value in event.items()}
+
+
+def _masked(name: str, value: Any) -> Any:
+    if value is not None and is_secret_name(name):
+        return MASK
+    if isinstance(value, Mapping):
+        return {key: _masked(str(key), item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_masked(name, item) for item in value]
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return mask_credentials(value if isinstance(value, str) else str(value))
 
 
 def _orjson_dumps(event: Any, **_: Any) -> str:
@@ -153,7 +209,11 @@ def _orjson_dumps(event: Any, **_: Any) -> str:
 
 
 def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> None:
-    """One JSON object per line on stdout (or coloured lines for people), aiohttp's too."""
+    """Every line the process logs, its own and its libraries', through one chain.
+
+    One JSON object per line on stdout (or coloured lines for people); credentials are
+    masked in each; libraries speak from WARNING up whatever the level.
+    """
     stream = stream or sys.stdout
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -165,27 +225,33 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=stream.isatty())
     )
+    # Tracebacks become text first, so the masking reaches them too.
+    last = [structlog.processors.format_exc_info, _mask_secrets, renderer]
     numeric_level = logging.getLevelName(level.upper())
     structlog.configure(
-        processors=[*shared, structlog.processors.format_exc_info, renderer],
+        processors=[*shared, *last],
         wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(stream)
+    handler.addFilter(_LevelGate(numeric_level))
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            processors=[
-                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
-                structlog.processors.format_exc_info,
-                renderer,
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *last],
+            foreign_pre_chain=[
+                *shared,
+                structlog.stdlib.add_logger_name,
+                structlog.stdlib.ExtraAdder(),
             ],
-            foreign_pre_chain=[*shared, structlog.stdlib.ExtraAdder()],
         )
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(numeric_level)
+    root.setLevel(max(numeric_level, logging.WARNING))
+    logging.getLogger("sidecar").setLevel(numeric_level)
+    # Python's warnings (a coroutine never awaited, a deprecation) are lines too.
+    logging.captureWarnings(True)
 
 
 # Outcomes in which the sidecar stopped trying while the tool was still failing.
@@ -237,6 +303,12 @@ class _Throttle:
         count, self._count = self._count, 0
         return count
 
+    def flush(self) -> int:
+        """How many happened since the last one logged, now to report; the next occurrence
+        is logged at once."""
+        count, self._count, self._next_at = self._count, 0, 0.0
+        return count
+
 
 # Saturation can repeat thousands of times a second; one line per this many seconds says it.
 _OVERLOAD_LOG_INTERVAL_S = 10.0
@@ -245,11 +317,19 @@ _OVERLOAD_LOG_INTERVAL_S = 10.0
 class Hooks:
     """What each stage of a request records. One instance per app."""
 
-    def __init__(self, metrics: Metrics, *, access_log: bool = False) -> None:
+    def __init__(
+        self,
+        metrics: Metrics,
+        *,
+        access_log: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.metrics = metrics
         self.log = structlog.get_logger("sidecar")
         self._access_log = access_log
         self._child = _Children()
+        self._clock = clock
+        self._refusals: dict[str, _Throttle] = {}
         self._overloads = _Throttle(_OVERLOAD_LOG_INTERVAL_S)
 
     def request_received(self, route: str, method: str) -> None:
@@ -337,8 +417,12 @@ class Hooks:
         *,
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
+        failure: BaseException | None = None,
     ) -> None:
-        """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``."""
+        """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``.
+
+        A call that failed is logged with ``failure``'s class and the HTTP status it carries.
+        """
         self._child(self.metrics.llm_requests, result).inc()
         self.metrics.llm_duration.observe(duration_s)
         if prompt_tokens:
@@ -346,7 +430,7 @@ class Hooks:
         if completion_tokens:
             self._child(self.metrics.llm_tokens, "completion").inc(completion_tokens)
         if result != "ok":
-            self.log.warning("llm_request_failed", result=result)
+            self.log.warning("llm_request_failed", result=result, **_llm_failure_fields(failure))
 
     def schema_unavailable(self, route: str, reason: str) -> None:
         """A route's schema could not be loaded; the route runs without (or with the last)."""
@@ -364,8 +448,31 @@ class Hooks:
             self.log.error("sidecar_overloaded", route=route, reason=reason, count=count)
 
     def circuit_state(self, route: str, state: int) -> None:
-        """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open)."""
+        """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open).
+
+        Once it closes, the refusals not yet logged are (half-open, it still refuses).
+        """
         self._child(self.metrics.circuit_state, route).set(state)
+        refusals = self._refusals.get(route)
+        if state == _CIRCUIT_CLOSED and refusals is not None:
+            self._log_refusals(route, refusals.flush())
+
+    def circuit_refused(self, route: str) -> None:
+        """The route's open circuit refused a request without trying the tool.
+
+        Logged as one ``circuit_refusals`` line with the number refused since the route's
+        previous line: at once for the first, then at most every
+        ``CIRCUIT_REFUSALS_INTERVAL_S``. Each request is still counted in
+        ``sidecar_requests_total``.
+        """
+        refusals = self._refusals.get(route)
+        if refusals is None:
+            refusals = self._refusals[route] = _Throttle(CIRCUIT_REFUSALS_INTERVAL_S, self._clock)
+        self._log_refusals(route, refusals.count())
+
+    def _log_refusals(self, route: str, count: int) -> None:
+        if count:
+            self.log.warning("circuit_refusals", route=route, count=count)
 
     def request_finished(
         self,
@@ -392,9 +499,11 @@ class Hooks:
             "attempt": attempts,
             "duration_ms": round(duration_s * 1000, 1),
         }
+        # A request that was never tried (a refusal) did not try to recover either.
+        tried_to_recover = attempts > 1 or trail.endswith("repair=none")
         if outcome == "recovered":
             self.log.info("recovery_succeeded", trail=trail, **fields)
-        elif outcome in GAVE_UP or (outcome == "not-retryable" and attempts > 1):
+        elif attempts and (outcome in GAVE_UP or (outcome == "not-retryable" and tried_to_recover)):
             self.log.info("recovery_failed", trail=trail, **fields)
         emit = self.log.info if self._access_log else self.log.debug
         emit("request_done", **fields)
@@ -403,6 +512,21 @@ class Hooks:
 def _status_of(label: str) -> int | None:
     """An attempt label is a status code, or an error kind such as ``connect_error``."""
     return int(label) if label.isdigit() else None
+
+
+def _llm_failure_fields(failure: BaseException | None) -> dict[str, Any]:
+    """The error's class and HTTP status. A foreign message is left out: the model's server
+    writes it and may echo the prompt or its own URL; the sidecar's own refusals name
+    the guardrail their answer broke."""
+    if failure is None:
+        return {}
+    fields: dict[str, Any] = {"error": type(failure).__name__}
+    status = getattr(failure, "status_code", None)
+    if isinstance(status, int):
+        fields["status"] = status
+    if type(failure).__module__.startswith("sidecar."):
+        fields["reason"] = str(failure)
+    return fields
 
 
 def _failure_fields(failure: ToolFailure | None) -> dict[str, Any]:

@@ -97,14 +97,16 @@ class Proxy:
         request_id = request.headers.get("X-Request-ID") or ids.request_id()
         if has_dot_segment(request.raw_path):
             raise web.HTTPBadRequest(text="path has a '.' or '..' segment")
+        # The path without its query, which may hold credentials.
+        path = request.rel_url.raw_path
         target = self._routes.match(request.raw_path)
         if target is None:
-            with structlog.contextvars.bound_contextvars(request_id=request_id):
+            with structlog.contextvars.bound_contextvars(request_id=request_id, path=path):
                 self._hooks.request_finished(
                     UNMATCHED_ROUTE, request.method, "not-retryable", 404, 0, 0.0, matched=False
                 )
             return errors.error_response(
-                errors.NO_ROUTE, "no route matches this path", {"path": request.path}
+                errors.NO_ROUTE, _no_route_message(request.method), {"path": request.path}
             )
         if self._max_in_flight and len(self._running) >= self._max_in_flight:
             self._hooks.sidecar_overloaded(target.route.name, "max_in_flight")
@@ -119,7 +121,7 @@ class Proxy:
         self._all_done.clear()
         try:
             with structlog.contextvars.bound_contextvars(
-                request_id=request_id, route=target.route.name, method=request.method
+                request_id=request_id, route=target.route.name, method=request.method, path=path
             ):
                 response = await self._forward(request, target, request_id, task)
         except asyncio.CancelledError:
@@ -197,7 +199,9 @@ class Proxy:
             report = _report(result)
             if result.answer is not None:
                 status = result.answer.status
-                return await relay(request, result.answer, report)
+                response = await relay(request, result.answer, report)
+                status = response.status  # a broken answer goes out as the sidecar's 502
+                return response
             if isinstance(body, _StreamedBody) and body.exceeded:
                 response = self._too_large()
             elif isinstance(body, _StreamedBody) and body.stalled:
@@ -280,6 +284,33 @@ def _report(result: Result) -> dict[str, str]:
     return report
 
 
+def _why_not_relayable(answer: Answer) -> str | None:
+    """What in ``answer`` the agent could not receive unchanged, if anything.
+
+    aiohttp takes any three digits as a status, and decodes bytes that are not UTF-8 to
+    surrogates, which its writer would drop from a header or reason phrase.
+    """
+    if not 100 <= answer.status <= 599:
+        return f"status {answer.status} out of range"
+    bad_header = undeliverable_header(answer.response.headers)
+    if bad_header is not None:
+        return f"header {bad_header} is not valid UTF-8"
+    try:
+        (answer.response.reason or "").encode("utf-8")
+    except UnicodeEncodeError:
+        return "reason phrase is not valid UTF-8"
+    return None
+
+
+def _no_route_message(method: str) -> str:
+    if method == "CONNECT":
+        return (
+            "CONNECT tunnels are not supported: the sidecar is a reverse proxy; "
+            "send the tool's requests to it instead of using it as an HTTP proxy"
+        )
+    return "no route matches this path"
+
+
 async def relay(
     request: web.BaseRequest, answer: Answer, extra_headers: Mapping[str, str]
 ) -> web.StreamResponse:
@@ -287,8 +318,19 @@ async def relay(
 
     A body read whole goes out with its length; the rest streams chunk by chunk. If the
     tool breaks off mid-stream the agent's connection is closed too, so a cut body can
-    never pass for a whole one.
+    never pass for a whole one. An answer that cannot go out as it came is a broken
+    answer: the agent gets ``UPSTREAM_RESET`` saying why.
     """
+    broken = _why_not_relayable(answer)
+    if broken is not None:
+        answer.discard()
+        _log.warning("upstream_answer_broken", status=answer.status, reason=broken)
+        return errors.error_response(
+            errors.UPSTREAM_RESET,
+            "the tool's answer cannot be passed on as it was sent",
+            {"reason": broken},
+            extra_headers,
+        )
     headers = end_to_end_headers(answer.response.headers)
     headers.update(extra_headers)
     if answer.complete:

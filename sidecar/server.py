@@ -7,6 +7,7 @@ import contextlib
 import os
 import resource
 import signal
+import socket
 from typing import Any
 
 import structlog
@@ -26,6 +27,27 @@ _CUT_GRACE_S = 0.25
 # How often the count of open file descriptors is compared with the process's limit.
 _FD_CHECK_INTERVAL_S = 1.0
 _FD_USE_REPORTED = 0.95
+
+
+class StartupError(Exception):
+    """The sidecar could not start serving, stated in one line that is safe to print."""
+
+
+async def _listen(
+    runner: web.AppRunner, host: str, port: int, role: str, host_variable: str, **site: Any
+) -> None:
+    """Listen on ``host``:``port`` for ``role``, or say in one line why that is impossible."""
+    try:
+        await web.TCPSite(runner, host, port, **site).start()
+    except socket.gaierror as exc:
+        raise StartupError(
+            f"cannot listen on {host} ({host_variable}): not an address of this machine "
+            f"or a name that resolves ({exc.strerror})"
+        ) from None
+    except OSError as exc:
+        # asyncio puts the address into the message; the errno alone says what went wrong.
+        reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise StartupError(f"cannot listen on {host}:{port}, the {role}: {reason}") from None
 
 
 async def serve(settings: Settings) -> None:
@@ -51,10 +73,21 @@ async def serve(settings: Settings) -> None:
     await proxy_runner.setup()
     await admin_runner.setup()
     try:
-        await web.TCPSite(admin_runner, settings.admin_host, settings.admin_port).start()
-        await web.TCPSite(
-            proxy_runner, settings.host, settings.port, backlog=ACCEPT_BACKLOG
-        ).start()
+        await _listen(
+            admin_runner,
+            settings.admin_host,
+            settings.admin_port,
+            "admin port (SIDECAR_ADMIN_PORT)",
+            "SIDECAR_ADMIN_HOST",
+        )
+        await _listen(
+            proxy_runner,
+            settings.host,
+            settings.port,
+            "proxy port (SIDECAR_PORT)",
+            "SIDECAR_HOST",
+            backlog=ACCEPT_BACKLOG,
+        )
         lifecycle.ready = True
         log.info(
             "sidecar_started",

@@ -8,9 +8,10 @@ is the single entry point and turns every validation problem into a one-line
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -19,6 +20,7 @@ import yaml
 from pydantic import (
     AnyHttpUrl,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -31,6 +33,7 @@ from pydantic_settings import (
     NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 from yarl import URL
 
@@ -42,9 +45,28 @@ RepairLevel = Literal["off", "deterministic", "auto"]
 ReplayMode = Literal["safe", "always"]
 REPAIR_LEVELS: tuple[RepairLevel, ...] = ("off", "deterministic", "auto")
 
+# The longest any duration setting may be: nothing the sidecar waits for or remembers
+# should take longer, and it keeps every value within what asyncio's timers accept.
+MAX_DURATION_MS = 24 * 60 * 60 * 1000
+
 
 class ConfigError(Exception):
     """A configuration problem, stated in one line that is safe to print."""
+
+
+def _refuse_bool(value: Any) -> Any:
+    # YAML reads true/yes/on as booleans, which pydantic would take for the number 1.
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true or false")
+    return value
+
+
+# The types of numeric settings: none takes a boolean, and each states its bounds.
+_NOT_BOOL = BeforeValidator(_refuse_bool)
+Count = Annotated[int, Field(ge=0), _NOT_BOOL]
+Number = Annotated[float, Field(allow_inf_nan=False), _NOT_BOOL]
+Port = Annotated[int, Field(ge=0, le=65535), _NOT_BOOL]
+DurationMs = Annotated[int, Field(ge=0, le=MAX_DURATION_MS), _NOT_BOOL]
 
 
 class Tuning(BaseModel):
@@ -52,28 +74,28 @@ class Tuning(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_retries: int = Field(3, ge=0, le=100)
-    backoff_base_ms: int = Field(1000, ge=0)
-    backoff_max_ms: int = Field(10000, ge=0)
-    backoff_multiplier: float = Field(2.0, ge=1.0, le=100.0)
+    max_retries: Count = Field(3, le=100)
+    backoff_base_ms: DurationMs = 1000
+    backoff_max_ms: DurationMs = 10000
+    backoff_multiplier: Number = Field(2.0, ge=1.0, le=100.0)
     backoff_jitter: JitterMode = "full"
-    max_retry_after_ms: int = Field(60000, ge=0)
-    per_try_timeout_ms: int = Field(30000, gt=0)
-    inspect_timeout_ms: int = Field(2000, gt=0)
+    max_retry_after_ms: DurationMs = 60000
+    per_try_timeout_ms: DurationMs = Field(30000, gt=0)
+    inspect_timeout_ms: DurationMs = Field(2000, gt=0)
     replay_delivered: ReplayMode = "safe"
-    request_timeout_ms: int = Field(120000, gt=0)
-    retry_on_status: Annotated[frozenset[int], NoDecode] = frozenset({500, 502, 503, 504})
-    max_body_bytes: int = Field(10 * 1024 * 1024, ge=0)
-    retry_budget_ratio: float = Field(0.2, ge=0.0)
-    retry_budget_min_per_s: float = Field(10.0, ge=0.0)
-    circuit_failures: int = Field(5, ge=0)
-    circuit_failure_rate: float = Field(0.5, gt=0.0, le=1.0)
-    circuit_window_ms: int = Field(30000, gt=0)
-    circuit_open_ms: int = Field(30000, gt=0)
-    circuit_half_open_probes: int = Field(3, ge=1)
+    request_timeout_ms: DurationMs = Field(120000, gt=0)
+    retry_on_status: Annotated[frozenset[Count], NoDecode] = frozenset({500, 502, 503, 504})
+    max_body_bytes: Count = 10 * 1024 * 1024
+    retry_budget_ratio: Number = Field(0.2, ge=0.0)
+    retry_budget_min_per_s: Number = Field(10.0, ge=0.0)
+    circuit_failures: Count = 5
+    circuit_failure_rate: Number = Field(0.5, gt=0.0, le=1.0)
+    circuit_window_ms: DurationMs = Field(30000, gt=0)
+    circuit_open_ms: DurationMs = Field(30000, gt=0)
+    circuit_half_open_probes: Count = Field(3, ge=1)
     idempotency_header: str = "Idempotency-Key"
     repair: RepairLevel = "auto"
-    llm_max_repairs: int = Field(2, ge=0)
+    llm_max_repairs: Count = 2
 
     @field_validator("retry_on_status", mode="before")
     @classmethod
@@ -92,13 +114,24 @@ class Tuning(BaseModel):
                 raise ValueError(f"{status} is not an HTTP status code")
         return value
 
+    @field_validator("repair", "idempotency_header", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        # YAML reads an unquoted ``off`` as false; in these two settings it is the word.
+        return "off" if value is False else value
+
+    @field_validator("repair", "backoff_jitter", mode="before")
+    @classmethod
+    def _lowercase_word(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
     @field_validator("idempotency_header")
     @classmethod
     def _header_token(cls, value: str) -> str:
         if value.strip().lower() == "off":
             return ""
         if value and not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", value):
-            raise ValueError("must be a header name or empty")
+            raise ValueError("must be a header name, off or empty")
         return value
 
     @model_validator(mode="after")
@@ -129,9 +162,11 @@ class RouteSpec(BaseModel):
     def _collect_overrides(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             return data
+        if "overrides" in data:
+            raise ValueError("overrides is not a route key: write each setting on the route")
         own = {k: v for k, v in data.items() if k not in TUNING_FIELDS}
         overrides = {k: v for k, v in data.items() if k in TUNING_FIELDS}
-        return {**own, "overrides": {**own.get("overrides", {}), **overrides}}
+        return {**own, "overrides": overrides}
 
     @field_validator("prefix")
     @classmethod
@@ -168,33 +203,45 @@ class Settings(Tuning, BaseSettings):
     )
 
     host: str = "0.0.0.0"
-    port: int = Field(8090, ge=0, le=65535)
+    port: Port = 8090
     # Apart from ``host`` so the proxy can stay on loopback while probes and scrapes reach
     # the admin port from the pod network.
     admin_host: str = "0.0.0.0"
-    admin_port: int = Field(9464, ge=0, le=65535)
+    admin_port: Port = 9464
     upstream_url: AnyHttpUrl | None = None
     config_file: Path | None = None
     routes: list[RouteSpec] = Field(default_factory=list)
-    upstream_max_connections: int = Field(1000, ge=0)
-    max_in_flight: int = Field(2048, ge=0)
-    client_timeout_ms: int = Field(60000, gt=0)
-    max_request_bytes: int = Field(1024 * 1024 * 1024, ge=0)
-    drain_timeout_ms: int = Field(20000, ge=0)
-    schema_refresh_ms: int = Field(300000, ge=1000)
+    upstream_max_connections: Count = 1000
+    max_in_flight: Count = 2048
+    client_timeout_ms: DurationMs = Field(60000, gt=0)
+    max_request_bytes: Count = 1024 * 1024 * 1024
+    drain_timeout_ms: DurationMs = 20000
+    schema_refresh_ms: DurationMs = Field(300000, ge=1000)
     llm_base_url: AnyHttpUrl | None = None
     llm_api_key: SecretStr | None = None
     llm_model: str = "gpt-4o-mini"
-    llm_timeout_ms: int = Field(10000, gt=0)
-    llm_max_concurrency: int = Field(4, ge=1)
+    llm_timeout_ms: DurationMs = Field(10000, gt=0)
+    llm_max_concurrency: Count = Field(4, ge=1)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     access_log: bool = False
 
-    @field_validator("log_level", "log_format", "repair", "backoff_jitter", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lowercase(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _ports_differ(self) -> Settings:
+        # One port on two different addresses is fine, but a wildcard address takes them all.
+        hosts = {self.host, self.admin_host}
+        shared = len(hosts) == 1 or bool(hosts & {"0.0.0.0", "::", ""})
+        if self.port and self.port == self.admin_port and shared:
+            raise ValueError(
+                f"port (SIDECAR_PORT) and admin_port (SIDECAR_ADMIN_PORT) are both {self.port}: "
+                "the proxy and the admin endpoints need a port each"
+            )
+        return self
 
     @model_validator(mode="after")
     def _routes_are_coherent(self) -> Settings:
@@ -279,6 +326,12 @@ class _YamlFileSource(PydanticBaseSettingsSource):
             document = yaml.safe_load(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigError(f"config_file: cannot read {path}: {exc.strerror}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"config_file: {path} is not UTF-8 text (byte {exc.start + 1})"
+            ) from None
+        except RecursionError:
+            raise ConfigError(f"config_file: {path} nests too deeply") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark else ""
@@ -287,6 +340,11 @@ class _YamlFileSource(PydanticBaseSettingsSource):
             return {}
         if not isinstance(document, dict):
             raise ConfigError(f"config_file: {path} must hold a mapping of settings")
+        for key in document:
+            if not isinstance(key, str):
+                raise ConfigError(
+                    f"config_file: {path} has a key that is not a setting name ({key!r:.40})"
+                )
         return {key: value for key, value in document.items() if key != "config_file"}
 
 
@@ -296,8 +354,42 @@ def load_settings(**overrides: Any) -> Settings:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
         raise ConfigError(_describe(exc)) from None
+    except SettingsError as exc:
+        # Says which variable could not be parsed (SIDECAR_ROUTES is JSON), not its value.
+        raise ConfigError(f"configuration error: {exc}") from None
+    except RecursionError:
+        raise ConfigError("configuration error: a value nests too deeply") from None
     resolve_routes(settings)
     return settings
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownVariable:
+    """A ``SIDECAR_*`` environment variable that names no setting, so nothing reads it."""
+
+    name: str
+    suggestion: str | None
+
+    def __str__(self) -> str:
+        hint = f"; did you mean {self.suggestion}?" if self.suggestion else ""
+        return f"{self.name} is not a setting and is ignored{hint}"
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[UnknownVariable]:
+    """The ``SIDECAR_*`` variables in ``environ`` that no setting reads, each with the
+    setting it most likely meant."""
+    unknown = []
+    for name in sorted(environ):
+        field = name.upper().removeprefix(ENV_PREFIX).lower()
+        if name.upper().startswith(ENV_PREFIX) and field not in Settings.model_fields:
+            meant = _closest(field, Settings.model_fields)
+            unknown.append(UnknownVariable(name, meant and ENV_PREFIX + meant.upper()))
+    return unknown
+
+
+def _closest(word: str, candidates: Collection[str]) -> str | None:
+    found = difflib.get_close_matches(word, candidates, n=1)
+    return found[0] if found else None
 
 
 def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
@@ -329,13 +421,30 @@ def _describe(exc: ValidationError, prefix: str = "") -> str:
     for error in exc.errors(include_input=False, include_url=False):
         loc = ".".join(str(part) for part in error["loc"] if part != "overrides")
         message = error["msg"].removeprefix("Value error, ")
-        if not loc:
+        if error["type"] == "extra_forbidden":
+            problems.append(_unknown_key(error["loc"]))
+        elif not loc:
             problems.append(message)
         elif prefix or "." in loc or not loc.isidentifier():
             problems.append(f"{prefix}{loc}: {message}")
         else:
             problems.append(f"{loc} ({ENV_PREFIX}{loc.upper()}): {message}")
     return "configuration error: " + "; ".join(problems)
+
+
+def _unknown_key(loc: tuple[str | int, ...]) -> str:
+    """An unknown key can only come from the file (the environment is read by name)."""
+    key = str(loc[-1])
+    if len(loc) == 1:
+        meant = _closest(key, [name for name in Settings.model_fields if name != "config_file"])
+        hint = f"; did you mean {meant} ({ENV_PREFIX}{meant.upper()})?" if meant else ""
+        return f"{key} in the config file is not a setting{hint}"
+    route_keys = [
+        field.alias or name for name, field in RouteSpec.model_fields.items() if name != "overrides"
+    ]
+    meant = _closest(key, [*route_keys, *TUNING_FIELDS])
+    hint = f"; did you mean {meant}?" if meant else ""
+    return f"{'.'.join(str(part) for part in loc)} is not a route setting{hint}"
 
 
 def masked(settings: Settings) -> dict[str, Any]:

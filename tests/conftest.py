@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -183,6 +185,26 @@ def unused_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+async def eventually(
+    condition: Callable[[], bool | Awaitable[bool]], timeout_s: float = 5.0
+) -> None:
+    """Wait until ``condition()`` holds, looking every few milliseconds, for ``timeout_s``.
+
+    Before a negative check, wait for the event after which what is checked can no longer
+    happen (the request finished, the connection closed), never for a fixed time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        holds = condition()
+        if inspect.isawaitable(holds):
+            holds = await holds
+        if holds:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"still not true after {timeout_s} s: {condition}")
+        await asyncio.sleep(0.005)
 
 
 def base_url(url: str | URL) -> str:

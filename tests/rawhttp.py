@@ -33,12 +33,31 @@ async def read_request_head(reader: asyncio.StreamReader) -> None:
     await reader.readuntil(b"\r\n\r\n")
 
 
-async def raw_exchange(port: int, request: bytes) -> bytes:
-    """Send ``request`` as it is to 127.0.0.1:``port``; what came back within 5 s."""
+def reply_then(
+    reply: bytes, then: Callable[[asyncio.StreamReader], Awaitable[object]] | None = None
+) -> RawHandler:
+    """A tool that answers each request with ``reply``, then does ``then`` if given."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request_head(reader)
+        writer.write(reply)
+        await writer.drain()
+        if then is not None:
+            await then(reader)
+
+    return handler
+
+
+async def raw_exchange(port: int, request: bytes, *, until_closed: bool = False) -> bytes:
+    """Send ``request`` as it is to 127.0.0.1:``port``; what came back within 5 s: the first
+    read, or with ``until_closed`` all until the server closed the connection (then it is
+    done with the request: nothing it does afterwards can be about it)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(request)
     await writer.drain()
     try:
-        return await asyncio.wait_for(reader.read(65536), timeout=5)
+        return await asyncio.wait_for(
+            reader.read() if until_closed else reader.read(65536), timeout=5
+        )
     finally:
         writer.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
+import json
 import logging
 
 import pytest
@@ -101,9 +101,64 @@ async def test_a_garbled_chunked_body_gets_400_and_no_error_log(
             answer = await raw_exchange(
                 sidecar.client.port,
                 b"POST /x HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n" + body,
+                until_closed=True,
             )
             assert answer.split(b" ", 2)[1] == b"400"
-        await asyncio.sleep(0.1)
 
     assert tool.seen == []
     assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+async def test_process_metrics_are_exported(make_tool, make_sidecar, aiohttp_client):
+    sidecar = await make_sidecar(await make_tool(ok))
+    admin = await aiohttp_client(create_admin_app(sidecar.client.server.app))
+
+    text = await (await admin.get("/metrics")).text()
+
+    for name in ("process_resident_memory_bytes", "process_open_fds", "process_cpu_seconds_total"):
+        assert f"\n{name} " in text
+    assert "python_info{" in text
+
+
+@pytest.mark.parametrize(
+    ("head", "method", "message"),
+    [
+        (b"CONNECT tool.example:443 HTTP/1.1\r\nHost: tool.example:443", "CONNECT", "CONNECT"),
+        (b"OPTIONS * HTTP/1.1\r\nHost: a", "OPTIONS", "no route matches this path"),
+    ],
+)
+async def test_requests_without_a_path_get_no_route_and_are_counted(
+    make_tool, make_sidecar, head, method, message
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    answer = await raw_exchange(sidecar.client.port, head + b"\r\nConnection: close\r\n\r\n")
+
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 404 Not Found"
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "NO_ROUTE"
+    assert message in error["message"]
+    assert tool.seen == []
+    counted = {"route": "(none)", "method": method, "outcome": "not-retryable"}
+    assert sidecar.metric("sidecar_requests_total", **counted) == 1
+
+
+async def test_an_unknown_method_is_one_malformed_request_line(
+    make_tool, make_sidecar, caplog: pytest.LogCaptureFixture
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    with caplog.at_level(logging.INFO):
+        answer = await raw_exchange(
+            sidecar.client.port, b"FOO / HTTP/1.1\r\nHost: a\r\n\r\n", until_closed=True
+        )
+
+    assert answer.startswith(b"HTTP/1.0 400")
+    [record] = [record for record in caplog.records if record.msg == "malformed_request"]
+
+    assert record.levelno == logging.INFO
+    assert record.reason == "Invalid method encountered"
+    assert tool.seen == []

@@ -4,46 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import resource
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
 from sidecar import __version__
-from tests.conftest import unused_port
+from tests.conftest import eventually, unused_port
+from tests.processes import RunningSidecar, run_cli, sidecar_process
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "sidecar", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        env={**_clean_env(), **(env or {})},
-    )
-
-
-def _clean_env() -> dict[str, str]:
-    return {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(("SIDECAR_", "GOMIND_AGENT_", "OPENAI_"))
-    }
-
-
-def test_version():
+def test_version_from_the_console_script_and_python_m():
     result = run_cli("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"tool-retry-sidecar {__version__}"
+
+    module = subprocess.run(
+        [sys.executable, "-m", "sidecar", "--version"], capture_output=True, text=True, timeout=30
+    )
+    assert module.stdout == result.stdout
 
 
 def test_check_config_prints_the_effective_configuration_with_secrets_masked():
@@ -73,69 +56,22 @@ def test_bad_configuration_fails_with_one_line_and_exit_2():
         ]
 
 
-class RunningSidecar:
-    def __init__(self, process: asyncio.subprocess.Process, started: dict[str, Any]) -> None:
-        self.process = process
-        self.proxy = f"http://127.0.0.1:{started['proxy_port']}"
-        self.admin = f"http://127.0.0.1:{started['admin_port']}"
-        self.lines: list[str] = []
+async def until_draining(agent: aiohttp.ClientSession, sidecar: RunningSidecar) -> None:
+    """Wait until ``/readyz`` answers 503: the same step closed the proxy's listener."""
 
-    async def read_lines_until_exit(self) -> int:
-        assert self.process.stdout is not None
-        async for line in self.process.stdout:
-            self.lines.append(line.decode())
-        return await self.process.wait()
+    async def draining() -> bool:
+        async with agent.get(f"{sidecar.admin}/readyz") as ready:
+            return ready.status == 503
 
-
-@asynccontextmanager
-async def sidecar_process(
-    upstream: str, *, max_fds: int | None = None, **settings: str
-) -> AsyncIterator[RunningSidecar]:
-    """``tool-retry-sidecar serve`` in a child process on free ports; killed if it outlives us.
-
-    ``settings`` are extra environment variables; ``max_fds`` limits its file descriptors.
-    """
-    env = {**_clean_env(), "SIDECAR_HOST": "127.0.0.1", **settings}
-
-    def limit_descriptors() -> None:
-        if max_fds is not None:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
-
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "sidecar",
-        "serve",
-        "--upstream",
-        upstream,
-        "--port",
-        "0",
-        "--admin-port",
-        "0",
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        preexec_fn=limit_descriptors,
-    )
-    assert process.stdout is not None
-    first = await asyncio.wait_for(process.stdout.readline(), timeout=20)
-    started = json.loads(first)
-    assert started["event"] == "sidecar_started"
-    running = RunningSidecar(process, started)
-    running.lines.append(first.decode())
-    try:
-        yield running
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    await eventually(draining)
 
 
 async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server):
-    reached_tool = asyncio.Event()
+    reached_tool, release = asyncio.Event(), asyncio.Event()
 
     async def slow(request: web.Request) -> web.Response:
         reached_tool.set()
-        await asyncio.sleep(1.0)
+        await release.wait()
         return web.json_response({"success": True})
 
     app = web.Application()
@@ -150,13 +86,12 @@ async def test_sigterm_drains_the_request_in_flight_then_exits_0(aiohttp_server)
             await asyncio.wait_for(reached_tool.wait(), timeout=5)
 
             sidecar.process.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.2)
-            async with agent.get(f"{sidecar.admin}/readyz") as draining:
-                assert draining.status == 503
+            await until_draining(agent, sidecar)
             async with aiohttp.ClientSession() as newcomer:
                 with pytest.raises(aiohttp.ClientConnectionError):
                     await newcomer.get(f"{sidecar.proxy}/slow")
 
+            release.set()  # the tool answers only now, while the sidecar drains
             response = await asyncio.wait_for(in_flight, timeout=5)
             assert response.status == 200
             assert await response.json() == {"success": True}
@@ -182,7 +117,7 @@ async def test_drain_time_running_out_answers_waiting_calls_and_exits_in_time(ai
     tool = await aiohttp_server(app)
     drain_s = 1.0
     async with sidecar_process(
-        str(tool.make_url("/")), SIDECAR_DRAIN_TIMEOUT_MS=str(int(drain_s * 1000))
+        str(tool.make_url("/")), {"SIDECAR_DRAIN_TIMEOUT_MS": str(int(drain_s * 1000))}
     ) as sidecar:
         exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
         async with aiohttp.ClientSession() as agent:
@@ -225,14 +160,14 @@ async def test_running_out_of_file_descriptors_is_logged_as_the_sidecars_own_ove
 @pytest.mark.slow
 async def test_sigterm_with_fifty_requests_in_flight_answers_them_all(aiohttp_server):
     arrived = 0
-    all_arrived = asyncio.Event()
+    all_arrived, release = asyncio.Event(), asyncio.Event()
 
     async def slow(request: web.Request) -> web.Response:
         nonlocal arrived
         arrived += 1
         if arrived == 50:
             all_arrived.set()
-        await asyncio.sleep(1.0)
+        await release.wait()
         return web.json_response({"n": arrived})
 
     app = web.Application()
@@ -251,6 +186,8 @@ async def test_sigterm_with_fifty_requests_in_flight_answers_them_all(aiohttp_se
             calls = [asyncio.create_task(call()) for _ in range(50)]
             await asyncio.wait_for(all_arrived.wait(), timeout=10)
             sidecar.process.send_signal(signal.SIGTERM)
+            await until_draining(agent, sidecar)
+            release.set()
             statuses = await asyncio.wait_for(asyncio.gather(*calls), timeout=10)
 
         assert statuses == [200] * 50

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.settings import ConfigError, load_settings, masked, resolve_routes
+from sidecar.settings import ConfigError, load_settings, masked, resolve_routes, unknown_variables
 
 UPSTREAM = "http://127.0.0.1:8080"
 
@@ -147,7 +147,7 @@ def test_openai_variables_configure_the_llm(monkeypatch: pytest.MonkeyPatch):
         (
             {},
             "routes: [{name: a, upstream: 'http://a', colour: red}]",
-            "routes.0.colour: Extra inputs",
+            "routes.0.colour is not a route setting",
         ),
         ({}, "max_retrys: 3\nupstream_url: http://a", "max_retrys"),
         ({}, "- just\n- a list", "must hold a mapping"),
@@ -193,3 +193,76 @@ def test_errors_and_masked_output_never_show_secrets(monkeypatch: pytest.MonkeyP
     for secret in ("sk-query-secret", "sk-api-secret", "pa55word", "t0k"):
         assert secret not in shown
     assert "tool.local:8080/base" in shown
+
+
+def test_yaml_off_means_off_for_repair_and_the_idempotency_header(tmp_path: Path):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "repair: off\nidempotency_header: off\n"
+        "routes: [{name: a, prefix: /a, upstream: 'http://a', repair: off}]\n"
+    )
+
+    settings = load_settings(upstream_url=UPSTREAM, config_file=str(config))
+
+    assert (settings.repair, settings.idempotency_header) == ("off", "")
+    assert resolve_routes(settings)[0].tuning.repair == "off"
+
+
+def test_the_word_off_disables_the_idempotency_header(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SIDECAR_IDEMPOTENCY_HEADER", "OFF")
+    assert load_settings(upstream_url=UPSTREAM).idempotency_header == ""
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "accepted"),
+    [
+        ("SIDECAR_REQUEST_TIMEOUT_MS", str(24 * 3600 * 1000), True),
+        ("SIDECAR_REQUEST_TIMEOUT_MS", str(24 * 3600 * 1000 + 1), False),
+        ("SIDECAR_CIRCUIT_OPEN_MS", str(2**64), False),
+        ("SIDECAR_SCHEMA_REFRESH_MS", "1e30", False),
+        ("SIDECAR_RETRY_BUDGET_RATIO", "inf", False),
+        ("SIDECAR_RETRY_BUDGET_MIN_PER_S", "nan", False),
+        ("SIDECAR_PORT", "true", False),
+    ],
+)
+def test_durations_are_at_most_a_day_and_numbers_are_finite(
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str, accepted: bool
+):
+    monkeypatch.setenv(name, value)
+    if accepted:
+        load_settings(upstream_url=UPSTREAM)
+    else:
+        with pytest.raises(ConfigError, match=name):
+            load_settings(upstream_url=UPSTREAM)
+
+
+def test_both_ports_may_be_chosen_by_the_system():
+    settings = load_settings(upstream_url=UPSTREAM, port=0, admin_port=0)
+    assert (settings.port, settings.admin_port) == (0, 0)
+
+
+def test_one_port_serves_both_only_on_two_different_addresses(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SIDECAR_PORT", "8090")
+    monkeypatch.setenv("SIDECAR_ADMIN_PORT", "8090")
+    monkeypatch.setenv("SIDECAR_HOST", "127.0.0.1")
+    with pytest.raises(ConfigError, match="are both 8090"):
+        load_settings(upstream_url=UPSTREAM)  # the admin host is every address
+
+    monkeypatch.setenv("SIDECAR_ADMIN_HOST", "10.0.0.7")
+    assert load_settings(upstream_url=UPSTREAM).admin_port == 8090
+
+
+def test_unknown_variables_name_the_setting_they_most_likely_meant():
+    environ = {
+        "SIDECAR_MAX_RETRYS": "5",
+        "sidecar_log_levl": "debug",
+        "SIDECAR_PORT": "1",
+        "SIDECAR_QQQ": "1",
+        "OTHER_MAX_RETRYS": "1",
+    }
+
+    assert [(unknown.name, unknown.suggestion) for unknown in unknown_variables(environ)] == [
+        ("SIDECAR_MAX_RETRYS", "SIDECAR_MAX_RETRIES"),
+        ("SIDECAR_QQQ", None),
+        ("sidecar_log_levl", "SIDECAR_LOG_LEVEL"),
+    ]

@@ -10,6 +10,8 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from tests.conftest import eventually
+
 
 def sse_tool(events: int, interval_s: float, ended: asyncio.Event | None = None):
     async def stream(request: web.Request) -> web.StreamResponse:
@@ -68,7 +70,8 @@ async def test_agent_leaving_mid_stream_ends_the_upstream_request_quietly(
         assert await response.content.readuntil(b"\n\n") == b"data: 0\n\n"
         response.close()
         await asyncio.wait_for(upstream_ended.wait(), timeout=2)
-        await asyncio.sleep(0.05)
+        # Logged, if at all, before the request stops being in flight.
+        await eventually(lambda: sidecar.metric("sidecar_in_flight_requests", route="default") == 0)
 
     assert not [entry for entry in logs if entry["log_level"] in ("warning", "error", "critical")]
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING]

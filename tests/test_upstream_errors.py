@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from tests.conftest import unused_port
-from tests.rawhttp import raw_tool, read_request_head
+from tests.rawhttp import raw_exchange, raw_tool, read_request_head, reply_then
 
 
 def envelope_of(body: bytes) -> dict:
@@ -48,31 +48,53 @@ async def test_upstream_slower_than_the_per_try_timeout_gets_504(make_tool, make
     assert envelope_of(await response.read())["code"] == "UPSTREAM_TIMEOUT"
 
 
-@pytest.mark.parametrize(
-    "reply",
-    [
-        b"",  # closed before any answer
-        b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a"',
-        b"HTTP/1.1 503 Busy\r\nContent-Type: application/json\r\n"
-        b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"a":',
-        b"NOT HTTP AT ALL\r\n\r\n",
-    ],
-    ids=["closed", "short-content-length", "truncated-chunked", "garbage"],
-)
-async def test_upstream_that_breaks_before_the_answer_is_whole_gets_502(make_sidecar, reply):
-    async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await read_request_head(reader)
-        writer.write(reply)
-        await writer.drain()
+def answering(head: bytes) -> bytes:
+    return head + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
 
-    async with raw_tool(broken) as url:
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (b"", "reset"),  # closed before any answer
+        (
+            b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"a"',
+            "reset",
+        ),
+        (
+            b"HTTP/1.1 503 Busy\r\nContent-Type: application/json\r\n"
+            b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"a":',
+            "reset",
+        ),
+        (b"NOT HTTP AT ALL\r\n\r\n", "reset"),
+        # Whole answers that could not reach the agent unchanged.
+        (answering(b"HTTP/1.1 099 Odd"), "status 99 out of range"),
+        (answering(b"HTTP/1.1 600 Beyond"), "status 600 out of range"),
+        (answering(b"HTTP/1.1 200 OK\r\nX-Foo: caf\xe9"), "header X-Foo is not valid UTF-8"),
+        (answering(b"HTTP/1.1 503 Busy\r\nX-Trace: \xff\xfe"), "header X-Trace is not valid UTF-8"),
+        (answering(b"HTTP/1.1 200 \xff\xfe"), "reason phrase is not valid UTF-8"),
+    ],
+    ids=[
+        "closed",
+        "short-content-length",
+        "truncated-chunked",
+        "garbage",
+        "status-099",
+        "status-600",
+        "latin-1-header",
+        "binary-header",
+        "binary-reason",
+    ],
+)
+async def test_a_broken_answer_gets_502_saying_why(make_sidecar, reply, reason):
+    async with raw_tool(reply_then(reply)) as url:
         sidecar = await make_sidecar(url, max_retries=0)
         response = await sidecar.client.get("/")
 
     assert response.status == 502
     error = envelope_of(await response.read())
     assert error["code"] == "UPSTREAM_RESET"
-    assert error["details"]["reason"] == "reset"
+    assert error["details"]["reason"] == reason
+    assert response.headers["X-Sidecar-Attempts"] == "1"
 
 
 async def test_streamed_answer_cut_by_the_tool_is_cut_for_the_agent_too(make_sidecar):
@@ -125,3 +147,15 @@ async def test_chunked_body_growing_past_the_hard_limit_gets_413(make_tool, make
     assert response.status == 413
     assert envelope_of(await response.read())["code"] == "REQUEST_TOO_LARGE"
     assert all(len(seen.body) <= 4096 for seen in tool.seen)
+
+
+async def test_utf8_in_a_tools_header_and_reason_passes_unchanged(make_sidecar):
+    head = b"HTTP/1.1 200 Tr\xc3\xa8s bien\r\nX-City: Z\xc3\xbcrich\r\n"
+
+    async with raw_tool(reply_then(head + b"Content-Length: 0\r\n\r\n")) as url:
+        sidecar = await make_sidecar(url)
+        answered = await raw_exchange(
+            sidecar.client.port, b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+        )
+
+    assert answered.startswith(head)

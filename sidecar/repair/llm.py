@@ -111,19 +111,20 @@ class LlmRepairer:
             {"role": "user", "content": _prompt(request, redactor)},
         ]
         started = time.monotonic()
-        result, content, usage = await self._complete(messages, time_left_s)
+        result, content, usage, failure = await self._complete(messages, time_left_s)
         answer = None
         if content is not None:
             try:
                 answer = _parse(content, redactor)
-            except Refused:
-                result = "invalid"
+            except Refused as refused:
+                result, failure = "invalid", refused
         # One count per call, and its tokens even when the answer was unusable: they were paid.
         self._hooks.llm_request(
             result,
             time.monotonic() - started,
             prompt_tokens=getattr(usage, "prompt_tokens", 0) or 0,
             completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
+            failure=failure,
         )
         if answer is not None:
             self._cache.put(cache_key, answer)
@@ -131,9 +132,9 @@ class LlmRepairer:
 
     async def _complete(
         self, messages: list[dict[str, str]], time_left_s: float
-    ) -> tuple[str, str | None, Any]:
+    ) -> tuple[str, str | None, Any, BaseException | None]:
         """One chat completion: its result (``ok``, ``error``, ``timeout``, ``invalid``),
-        its content when there is one, and the usage it reported."""
+        its content when there is one, the usage it reported, and what failed."""
         import openai  # loaded with the client; see ``app.llm_client_for``
 
         try:
@@ -146,15 +147,15 @@ class LlmRepairer:
                         response_format={"type": "json_object"},
                     )
             content = completion.choices[0].message.content
-        except (TimeoutError, openai.APITimeoutError):
-            return "timeout", None, None
-        except openai.OpenAIError:
-            return "error", None, None
-        except (AttributeError, IndexError, TypeError, ValueError):
-            return "invalid", None, None  # a server that does not speak chat completions
+        except (TimeoutError, openai.APITimeoutError) as exc:
+            return "timeout", None, None, exc
+        except openai.OpenAIError as exc:
+            return "error", None, None, exc
+        except (AttributeError, IndexError, TypeError, ValueError) as exc:
+            return "invalid", None, None, exc  # a server that does not speak chat completions
         if not isinstance(content, str):
-            return "invalid", None, completion.usage
-        return "ok", content, completion.usage
+            return "invalid", None, completion.usage, None
+        return "ok", content, completion.usage, None
 
 
 def _prompt(request: LlmRequest, redactor: Redactor) -> str:

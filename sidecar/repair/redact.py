@@ -8,26 +8,12 @@ puts the real values back wherever the model kept a placeholder.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-_SECRET_NAME = re.compile(
-    r"password|passwd|passphrase|(^|[-_])pass$|secret|credential|private[-_]?key|apikey"
-    r"|(^|[-_])(api[-_]?)?key$|(^|[-_])((access|refresh|id|auth|api|bearer|session|csrf)[-_]?)?"
-    r"token$|^auth(orization)?$|cookie|session[-_]?id|signature|(^|[-_])(sig|otp|pin)$",
-    re.IGNORECASE,
-)
-_QUERY_SECRET = re.compile(
-    r"(?i)(?<![A-Za-z0-9_])((?:app_?id|api[-_]?key|key|token|access_token|auth|secret"
-    r"|password|sig|signature|client_secret)=)([^&\s#\"']+)"
-)
+from sidecar.credentials import HTTP_CREDENTIAL, QUERY_CREDENTIAL, is_secret_name
+
 # Shorter secret values (a 4-digit PIN) would match ordinary text far too often.
 _MIN_ECHOED_SECRET = 6
-_HTTP_CREDENTIAL = re.compile(r"(?i)\b(Bearer|Basic|Token)(\s+)([A-Za-z0-9._~+/=-]{6,})")
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
 
 
 class Redactor:
@@ -57,8 +43,8 @@ class Redactor:
         appears: a tool that echoes the payload's API key in its error message must not
         carry it into the prompt.
         """
-        text = _QUERY_SECRET.sub(lambda m: m.group(1) + self._placeholder(m.group(2)), text)
-        text = _HTTP_CREDENTIAL.sub(
+        text = QUERY_CREDENTIAL.sub(lambda m: m.group(1) + self._placeholder(m.group(2)), text)
+        text = HTTP_CREDENTIAL.sub(
             lambda m: m.group(1) + m.group(2) + self._placeholder(m.group(3)), text
         )
         for secret, placeholder in self._placeholders.items():
