@@ -15,6 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from yarl import URL
 
 from sidecar.engine import Clock, Engine, Sleep
+from sidecar.fleet import StateStore
 from sidecar.observe import Hooks, Metrics, http_server_logger
 from sidecar.proxy import Proxy
 from sidecar.repair.llm import LlmRepairer
@@ -118,6 +119,7 @@ def create_app(
             if llm_client is not None
             else None
         )
+        state = StateStore.from_settings(settings, hooks)
         engine = Engine(
             session,
             hooks,
@@ -126,6 +128,7 @@ def create_app(
             inspect_limit=INSPECT_LIMIT_BYTES,
             sleep=sleep,
             clock=clock,
+            state=state,
         )
         app[PROXY] = Proxy(
             routes,
@@ -140,6 +143,8 @@ def create_app(
         with contextlib.suppress(asyncio.CancelledError):
             await refresh
         await session.close()
+        if state is not None:
+            await state.close()
         if llm_client is not None:
             await llm_client.close()
 

@@ -89,8 +89,22 @@ class CircuitBreaker:
         """Whether a request admitted with ``ticket`` may make another attempt now."""
         return self.state is CircuitState.CLOSED or self._is_current_probe(ticket)
 
-    def record(self, ticket: Ticket, failed: bool) -> None:
-        """The final verdict of a request that ``admit`` let through."""
+    def counts(self, ticket: Ticket) -> bool:
+        """Whether the verdict of a request admitted with ``ticket`` goes into the window."""
+        return (
+            bool(self._min_failures)
+            and self.state is CircuitState.CLOSED
+            and ticket.generation == self._generation
+        )
+
+    def record(
+        self, ticket: Ticket, failed: bool, fleet_totals: tuple[int, int] | None = None
+    ) -> None:
+        """The final verdict of a request that ``admit`` let through.
+
+        ``fleet_totals`` are the requests and failures the whole fleet counted in the
+        window, this verdict included; without them the process's own window decides.
+        """
         if ticket.generation != self._generation:
             return
         if self.state is CircuitState.HALF_OPEN:
@@ -110,7 +124,7 @@ class CircuitBreaker:
         if not failed:
             return
         self._window.add(_FAILURES)
-        requests, failures = self._window.totals()
+        requests, failures = fleet_totals or self._window.totals()
         if failures >= self._min_failures and failures >= self._failure_rate * requests:
             self._change(CircuitState.OPEN)
 

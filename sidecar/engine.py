@@ -16,14 +16,15 @@ from dataclasses import dataclass, field, replace
 import aiohttp
 
 from sidecar.budget import RetryBudget
-from sidecar.circuit import CircuitBreaker, Ticket
+from sidecar.circuit import CircuitBreaker, CircuitState, Ticket
 from sidecar.classify import Action, Reply, Verdict, classify
 from sidecar.controls import RequestControls
 from sidecar.envelopes import inspect, json_document
 from sidecar.errors import AttemptError
+from sidecar.fleet import RouteState, StateStore
 from sidecar.ids import idempotency_key
 from sidecar.observe import Hooks
-from sidecar.policy import Backoff, Limits, Outcome, Wait, plan_wait
+from sidecar.policy import Backoff, Limits, Outcome, Wait, plan_cooldown, plan_wait
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
 from sidecar.replay import McpToolHints, mcp_call, safe_to_repeat
@@ -43,9 +44,12 @@ class RouteGuards:
     circuit: CircuitBreaker
     backoff: Backoff
     mcp_tools: McpToolHints
+    fleet: RouteState | None = None  # what the route shares with its replicas, when it does
 
     @classmethod
-    def for_route(cls, route: RouteConfig, clock: Clock) -> RouteGuards:
+    def for_route(
+        cls, route: RouteConfig, clock: Clock, fleet: RouteState | None = None
+    ) -> RouteGuards:
         tuning = route.tuning
         return cls(
             budget=RetryBudget(tuning.retry_budget_ratio, tuning.retry_budget_min_per_s, clock),
@@ -64,6 +68,7 @@ class RouteGuards:
                 jitter=tuning.backoff_jitter,
             ),
             mcp_tools=McpToolHints(),
+            fleet=fleet,
         )
 
 
@@ -89,6 +94,8 @@ class _Attempt:
     reply: Reply | None = None
     label: str = field(init=False)
     cut_by_deadline: bool = False  # its timeout was the deadline's, not the per-try one
+    requested_s: float | None = None  # the wait the tool asked for
+    path_scoped: bool = False  # ... for the called path only (its envelope said so)
 
     def __post_init__(self) -> None:
         result = self.result
@@ -108,6 +115,7 @@ class Engine:
         inspect_limit: int,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
+        state: StateStore | None = None,
     ) -> None:
         self.session = session
         self.hooks = hooks
@@ -115,7 +123,12 @@ class Engine:
         self.inspect_limit = inspect_limit
         self.sleep = sleep
         self.clock = clock
-        self.guards = {route.name: RouteGuards.for_route(route, clock) for route in routes}
+        self.guards = {
+            route.name: RouteGuards.for_route(
+                route, clock, state.for_route(route) if state is not None else None
+            )
+            for route in routes
+        }
 
     async def run(
         self,
@@ -210,8 +223,12 @@ class _Run:
             self.hooks.circuit_refused(self.route.name)
             self.trail.append("circuit_open")
             return Result(Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=admitted)
-        self._prepare()
         try:
+            refused = await self._wait_out_cooldown(None)
+            if refused is not None:
+                self.guards.circuit.abandon(admitted)
+                return refused
+            self._prepare()
             result, last = await self._loop(admitted)
         except asyncio.CancelledError:
             # The agent went away during an attempt, a repair or a wait.
@@ -220,9 +237,50 @@ class _Run:
                 self.last_answer.discard()
             raise
         failed = last.verdict.is_failure and result.outcome not in (Outcome.OK, Outcome.RECOVERED)
-        self.guards.circuit.record(admitted, failed)
-        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
+        await self._record(admitted, failed)
         return result
+
+    async def _record(self, ticket: Ticket, failed: bool) -> None:
+        """The request's verdict into the circuit: the fleet's window when the route shares
+        one (the process's own when the store cannot answer); an opening circuit is
+        published as a cooldown."""
+        circuit, fleet = self.guards.circuit, self.guards.fleet
+        window_s = self.tuning.circuit_window_ms / 1000
+        totals = None
+        if fleet is not None and circuit.counts(ticket):
+            totals = await fleet.count(failed, window_s)
+        was_open = circuit.state is CircuitState.OPEN
+        circuit.record(ticket, failed, totals)
+        self.hooks.circuit_state(self.route.name, circuit.state)
+        if fleet is not None and circuit.state is CircuitState.OPEN and not was_open:
+            await fleet.publish_open(circuit.open_for_s(), window_s)
+
+    async def _wait_out_cooldown(self, last: _Attempt | None) -> Result | None:
+        """Wait until the fleet's cooldown of the tool ends, before the next attempt.
+
+        When the request cannot wait that long, a result: the tool's last answer, or, before
+        any attempt, ``CIRCUIT_OPEN`` with the time left.
+        """
+        fleet = self.guards.fleet
+        if fleet is None:
+            return None
+        cooldown_s = await fleet.cooldown_s(self.path)
+        if cooldown_s <= 0:
+            return None
+        plan = plan_cooldown(
+            cooldown_s=cooldown_s,
+            limits=self.limits,
+            backoff=self.guards.backoff,
+            time_left_s=self.deadline - self.clock(),
+        )
+        if isinstance(plan, Wait):
+            self.trail.append(f"{plan.source}={_seconds(plan.seconds)}")
+            await self.engine.sleep(plan.seconds)
+            return None
+        self.trail.append(f"cooldown={_seconds(cooldown_s)} stop={plan.value}")
+        if last is None:
+            return Result(Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=cooldown_s)
+        return self._result(plan, last)
 
     async def _loop(self, ticket: Ticket) -> tuple[Result, _Attempt]:
         """Attempts until one step ends the request; the result and the last attempt."""
@@ -240,6 +298,9 @@ class _Run:
                 if result.answer is None and result.error is None:
                     result.circuit_open_for_s = self.guards.circuit.open_for_s()
                 return result, attempt
+            refused = await self._wait_out_cooldown(attempt)
+            if refused is not None:
+                return refused, attempt
 
     def _prepare(self) -> None:
         """Coerce the agent's payload before the first attempt; put the idempotency key on."""
@@ -277,6 +338,8 @@ class _Run:
         )
         attempt = self.engine.judge(result, self.tuning.retry_on_status)
         attempt.cut_by_deadline = per_try < self.tuning.per_try_timeout_ms / 1000
+        if not attempt.verdict.success:
+            await self._learn_requested_wait(attempt)
         if self.rpc is not None and self.rpc[0] == "tools/list" and attempt.verdict.success:
             self._learn_tool_hints(attempt)
         self.hooks.attempt_finished(
@@ -295,6 +358,24 @@ class _Run:
                 self.last_answer.discard()
             self.last_answer, self.answered_payload = result, self.payload
         return attempt
+
+    async def _learn_requested_wait(self, attempt: _Attempt) -> None:
+        """Read the wait a failed attempt's answer asks for; tell the fleet when it shares.
+
+        A header's wait (``Retry-After``, ``RateLimit-Reset``) is the tool's word on the
+        whole route; a wait in the envelope answers this call, so it holds for its path.
+        """
+        if not isinstance(attempt.result, Answer) or attempt.reply is None:
+            return
+        headers, failure, now = attempt.result.response.headers, attempt.reply.failure, time.time()
+        attempt.requested_s = requested_wait(headers, None, now)
+        if attempt.requested_s is None and failure is not None:
+            attempt.requested_s = requested_wait({}, failure, now)
+            attempt.path_scoped = True
+        fleet = self.guards.fleet
+        if fleet is not None and attempt.requested_s is not None:
+            path = self.path if attempt.path_scoped else None
+            await fleet.publish_cooldown(attempt.requested_s, path)
 
     def _learn_tool_hints(self, attempt: _Attempt) -> None:
         """Remember which tools a relayed ``tools/list`` result marks safe to repeat."""
@@ -376,7 +457,7 @@ class _Run:
         plan = plan_wait(
             retries_done=self.retries,
             limits=self.limits,
-            requested_s=_requested_wait(attempt),
+            requested_s=attempt.requested_s,
             backoff=self.guards.backoff,
             previous_s=self.previous_wait,
             time_left_s=self.deadline - self.clock(),
@@ -421,12 +502,6 @@ _NOT_CONNECTED = (AttemptError.CONNECT, AttemptError.CONNECT_TIMEOUT)
 def _stopped_by(attempt: _Attempt) -> Outcome:
     """The outcome when retries end before their limit because of the tool's state."""
     return Outcome.UNREACHABLE if attempt.result in _NOT_CONNECTED else Outcome.EXHAUSTED
-
-
-def _requested_wait(attempt: _Attempt) -> float | None:
-    if not isinstance(attempt.result, Answer) or attempt.reply is None:
-        return None
-    return requested_wait(attempt.result.response.headers, attempt.reply.failure, time.time())
 
 
 def _sending(request: UpstreamRequest, payload: Payload, key_header: str) -> UpstreamRequest:

@@ -129,6 +129,12 @@ class Metrics:
             ["kind"],
             registry=registry,
         )
+        self.state_errors = Counter(
+            "sidecar_state_errors_total",
+            "Fleet state store calls that failed or timed out; local state was used instead",
+            ["op"],
+            registry=registry,
+        )
         self.circuit_state = Gauge(
             "sidecar_circuit_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open",
@@ -331,6 +337,7 @@ class Hooks:
         self._clock = clock
         self._refusals: dict[str, _Throttle] = {}
         self._overloads = _Throttle(_OVERLOAD_LOG_INTERVAL_S)
+        self._state_errors = _Throttle(_OVERLOAD_LOG_INTERVAL_S, clock)
 
     def request_received(self, route: str, method: str) -> None:
         """A request was matched to ``route``: it is now in flight."""
@@ -446,6 +453,16 @@ class Hooks:
         count = self._overloads.count()
         if count:
             self.log.error("sidecar_overloaded", route=route, reason=reason, count=count)
+
+    def state_error(self, op: str, error: BaseException) -> None:
+        """A call to the fleet state store failed; the request went on with local state.
+        Logged once per interval with the number since the last line."""
+        self._child(self.metrics.state_errors, op).inc()
+        count = self._state_errors.count()
+        if count:
+            self.log.warning(
+                "state_store_unavailable", op=op, error=type(error).__name__, count=count
+            )
 
     def circuit_state(self, route: str, state: int) -> None:
         """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open).

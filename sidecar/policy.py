@@ -118,3 +118,17 @@ def plan_wait(
     if wait.seconds >= time_left_s:
         return Outcome.DEADLINE
     return wait
+
+
+def plan_cooldown(
+    *, cooldown_s: float, limits: Limits, backoff: Backoff, time_left_s: float
+) -> Wait | Outcome:
+    """The wait before an attempt while the fleet knows the tool is cooling down, or why
+    the request cannot wait that long. Spread like a requested wait, for the same reason:
+    every replica read the same expiry."""
+    if cooldown_s > limits.max_retry_after_s:
+        return Outcome.NOT_RETRYABLE
+    if cooldown_s >= time_left_s:
+        return Outcome.DEADLINE
+    stretched = min(backoff.spread(cooldown_s), limits.max_retry_after_s)
+    return Wait(stretched if stretched < time_left_s else cooldown_s, "cooldown")

@@ -43,6 +43,7 @@ DEFAULT_ROUTE_NAME = "default"
 JitterMode = Literal["full", "equal", "decorrelated", "none"]
 RepairLevel = Literal["off", "deterministic", "auto"]
 ReplayMode = Literal["safe", "always"]
+STATE_SCHEMES = ("redis", "rediss", "valkey", "valkeys")
 REPAIR_LEVELS: tuple[RepairLevel, ...] = ("off", "deterministic", "auto")
 
 # The longest any duration setting may be: nothing the sidecar waits for or remembers
@@ -154,6 +155,7 @@ class RouteSpec(BaseModel):
     upstream: AnyHttpUrl
     strip_prefix: bool = False
     idempotent: bool = False  # every call of this route is safe to run twice
+    shared_state: bool = True  # false: this route keeps its state to this process
     schema_source: str | None = Field(None, alias="schema")
     overrides: dict[str, Any] = Field(default_factory=dict)
 
@@ -189,6 +191,7 @@ class RouteConfig:
     schema_source: str | None
     tuning: Tuning
     idempotent: bool = False
+    shared_state: bool = True
 
 
 class Settings(Tuning, BaseSettings):
@@ -225,11 +228,24 @@ class Settings(Tuning, BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     access_log: bool = False
+    # Fleet state: unset keeps every guard in this process.
+    state_url: SecretStr | None = None
+    state_prefix: str = "sidecar:"
+    state_timeout_ms: DurationMs = Field(25, gt=0)
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lowercase(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("state_url")
+    @classmethod
+    def _state_scheme(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            scheme = URL(value.get_secret_value()).scheme
+            if scheme not in STATE_SCHEMES:
+                raise ValueError(f"must start with {', '.join(s + '://' for s in STATE_SCHEMES)}")
+        return value
 
     @model_validator(mode="after")
     def _ports_differ(self) -> Settings:
@@ -410,6 +426,7 @@ def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
                 schema_source=spec.schema_source,
                 tuning=tuning,
                 idempotent=spec.idempotent,
+                shared_state=spec.shared_state,
             )
         )
     return tuple(routes)
@@ -451,6 +468,8 @@ def masked(settings: Settings) -> dict[str, Any]:
     """The effective configuration as plain data, with every secret masked."""
     data = settings.model_dump(mode="json", by_alias=True, exclude={"routes", "upstream_url"})
     data["llm_api_key"] = "***" if settings.llm_api_key else None
+    if settings.state_url is not None:
+        data["state_url"] = _mask_url(URL(settings.state_url.get_secret_value()))
     data["retry_on_status"] = _plain(settings.retry_on_status)
     data["routes"] = [
         {

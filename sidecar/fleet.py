@@ -1,0 +1,206 @@
+"""Fleet state: what one sidecar learns about a tool, every replica reads (Redis or Valkey).
+
+Unset ``SIDECAR_STATE_URL`` keeps every guard in the process, as a single sidecar needs.
+Set, each route that has not opted out (``shared_state: false``) shares three things:
+
+* cooldowns — a wait the tool asked for, or an open circuit's remaining time, as a key
+  whose time to live is the wait: ``{prefix}{route}:cooldown`` for the whole route,
+  ``{prefix}{route}:cooldown:{path digest}`` for one path;
+* the circuit's failure-rate window — per-second counters ``{prefix}{route}:window:r:{s}``
+  (requests) and ``...:f:{s}`` (failures) that expire with the window;
+* repair answers — ``{prefix}{route}:repair:{digest}``, redacted, with the local cache's TTL.
+
+The route's name is the Redis Cluster hash tag (``{route}``), so every key one request
+touches lives in one slot and each exchange is one pipelined round trip.
+
+The store may never be a new way to fail: every call is bounded by ``SIDECAR_STATE_TIMEOUT_MS``
+and any failure (slow, down, auth refused) answers "nothing known", counts
+``sidecar_state_errors_total{op}`` and is logged at most once per interval. After a failure
+the store is left alone for ``RETRY_PAUSE_S`` so that a dead store costs one timeout per
+pause, not one per request; redis-py's pool reconnects on the next call after that.
+``redis`` is imported only here and only when a URL is set: it is memory a single sidecar
+does not need.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sidecar.observe import Hooks
+from sidecar.settings import RouteConfig, Settings
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+Result = TypeVar("Result")
+
+# How long the store is left alone after a call failed.
+RETRY_PAUSE_S = 1.0
+
+# valkey:// speaks the Redis protocol; redis-py knows it by the Redis names.
+_SCHEMES = {"valkey": "redis", "valkeys": "rediss"}
+
+
+def _digest(text: str) -> str:
+    # Paths and cache keys come from agents: a digest keeps each key short and bounded.
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+class StateStore:
+    """The process's one client of the fleet store, shared by every route."""
+
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        prefix: str,
+        timeout_s: float,
+        hooks: Hooks,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._client = client
+        self._prefix = prefix
+        self._timeout_s = timeout_s
+        self._hooks = hooks
+        self._clock = clock
+        self._paused_until = 0.0
+
+    @classmethod
+    def from_settings(cls, settings: Settings, hooks: Hooks) -> StateStore | None:
+        """The store ``SIDECAR_STATE_URL`` names, or ``None`` when it is unset."""
+        if settings.state_url is None:
+            return None
+        from redis.asyncio import Redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        url = settings.state_url.get_secret_value()
+        scheme, _, rest = url.partition("://")
+        timeout_s = settings.state_timeout_ms / 1000
+        client = Redis.from_url(
+            f"{_SCHEMES.get(scheme, scheme)}://{rest}",
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            # One try per call: the sidecar's own pause decides when the store is tried again.
+            retry=Retry(NoBackoff(), 0),
+        )
+        return cls(client, prefix=settings.state_prefix, timeout_s=timeout_s, hooks=hooks)
+
+    def for_route(self, route: RouteConfig) -> RouteState | None:
+        """The route's view of the store, or ``None`` when the route keeps its state local."""
+        if not route.shared_state:
+            return None
+        return RouteState(self, f"{self._prefix}{{{route.name}}}:")
+
+    async def call(self, op: str, work: Callable[[Redis], Awaitable[Result]]) -> Result | None:
+        """``work`` against the store within the timeout; ``None`` when it failed or the
+        store is paused after a failure."""
+        if self._clock() < self._paused_until:
+            return None
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                return await work(self._client)
+        except Exception as exc:  # every store failure means "nothing known", never a fault
+            self._paused_until = self._clock() + RETRY_PAUSE_S
+            self._hooks.state_error(op, exc)
+            return None
+
+    async def close(self) -> None:
+        await self._client.aclose()
+
+
+class RouteState:
+    """One route's keys in the fleet store."""
+
+    def __init__(self, store: StateStore, key_prefix: str) -> None:
+        self._store = store
+        self._key = key_prefix
+
+    def _cooldown_keys(self, path: str | None) -> list[str]:
+        route_key = self._key + "cooldown"
+        return [route_key] if path is None else [route_key, f"{route_key}:{_digest(path)}"]
+
+    async def cooldown_s(self, path: str) -> float:
+        """Seconds until the tool takes calls to ``path`` again, as the fleet knows it."""
+
+        async def read(client: Redis) -> list[int]:
+            pipe = client.pipeline(transaction=False)
+            for key in self._cooldown_keys(path):
+                pipe.pttl(key)
+            return await pipe.execute()
+
+        remaining_ms = await self._store.call("cooldown_read", read)
+        return max(remaining_ms, default=0) / 1000 if remaining_ms else 0.0
+
+    async def publish_cooldown(self, seconds: float, path: str | None = None) -> None:
+        """Tell the fleet the tool takes no calls to the route (or ``path``) for ``seconds``.
+
+        The newest word wins: it is the tool's latest statement of when it will be ready.
+        """
+        milliseconds = math.ceil(seconds * 1000)
+        if milliseconds <= 0:
+            return
+        key = self._cooldown_keys(path)[-1]
+        await self._store.call("cooldown_write", lambda client: client.set(key, 1, px=milliseconds))
+
+    async def publish_open(self, seconds: float, window_s: float) -> None:
+        """A circuit opened: the route cools down for ``seconds`` and the fleet's window
+        starts again, as a closing circuit's own window does."""
+        milliseconds = math.ceil(seconds * 1000)
+
+        async def open_circuit(client: Redis) -> Any:
+            pipe = client.pipeline(transaction=False)
+            if milliseconds > 0:
+                pipe.set(self._key + "cooldown", 1, px=milliseconds)
+            pipe.delete(*self._window_keys(window_s))
+            return await pipe.execute()
+
+        await self._store.call("cooldown_write", open_circuit)
+
+    def _window_keys(self, window_s: float, now: int | None = None) -> list[str]:
+        now = int(time.time()) if now is None else now
+        seconds = range(now - _window_seconds(window_s) + 1, now + 1)
+        return [f"{self._key}window:{kind}:{second}" for second in seconds for kind in "rf"]
+
+    async def count(self, failed: bool, window_s: float) -> tuple[int, int] | None:
+        """Add one request's verdict to the fleet's window; its requests and failures over
+        the window, or ``None`` when the store could not say."""
+        now = int(time.time())
+        ttl = _window_seconds(window_s) + 1
+        keys = self._window_keys(window_s, now)
+
+        async def add_and_sum(client: Redis) -> tuple[int, int]:
+            pipe = client.pipeline(transaction=False)
+            for kind in "rf" if failed else "r":
+                key = f"{self._key}window:{kind}:{now}"
+                pipe.incr(key)
+                pipe.expire(key, ttl)
+            pipe.mget(keys)
+            counts = (await pipe.execute())[-1]
+            requests = sum(int(c) for c in counts[0::2] if c is not None)
+            failures = sum(int(c) for c in counts[1::2] if c is not None)
+            return requests, failures
+
+        return await self._store.call("window", add_and_sum)
+
+    async def cached(self, key: str) -> bytes | None:
+        """A repair answer some replica stored under ``key``."""
+        return await self._store.call("cache_read", lambda client: client.get(self._cache_key(key)))
+
+    async def cache(self, key: str, value: bytes, ttl_s: float) -> None:
+        seconds = max(1, math.ceil(ttl_s))
+        await self._store.call(
+            "cache_write", lambda client: client.set(self._cache_key(key), value, ex=seconds)
+        )
+
+    def _cache_key(self, key: str) -> str:
+        return f"{self._key}repair:{_digest(key)}"
+
+
+def _window_seconds(window_s: float) -> int:
+    return max(1, math.ceil(window_s))
