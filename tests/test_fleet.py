@@ -1,0 +1,292 @@
+"""Fleet state on a real redis-server: what one sidecar learns, every replica acts on."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from sidecar.settings import ConfigError, load_settings, masked
+from tests.conftest import eventually, unused_port
+from tests.processes import RunningSidecar, sidecar_process
+from tests.redis_store import RedisServer
+
+
+@pytest.fixture
+def redis_store(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
+
+
+def rate_limited(seconds: int) -> web.Response:
+    return web.json_response(
+        {"error": "slow down"}, status=429, headers={"Retry-After": str(seconds)}
+    )
+
+
+def ok() -> web.Response:
+    return web.json_response({"success": True})
+
+
+def keys(store: RedisServer) -> set[str]:
+    return {key.decode() for key in store.contents()}
+
+
+async def test_a_wait_one_replica_learned_holds_back_the_first_attempt_of_another(
+    make_tool, make_sidecar, redis_store
+):
+    answers = iter([rate_limited(7)])
+    tool = await make_tool(lambda _: asyncio.sleep(0, next(answers, ok())))
+    first = await make_sidecar(tool, state_url=redis_store.url)
+    second = await make_sidecar(tool, state_url=redis_store.url)
+
+    learned = await first.client.post("/forecast", json={"city": "Oslo"})
+    assert learned.status == 200
+    assert "sidecar:{default}:cooldown" in keys(redis_store)
+
+    waited = await second.client.post("/forecast", json={"city": "Oslo"})
+
+    assert waited.status == 200
+    assert waited.headers["X-Sidecar-Attempts"] == "1"
+    assert waited.headers["X-Sidecar-Trail"].startswith("cooldown=")
+    # What was left of the 7 s the tool asked for, spread as a requested wait is.
+    [wait] = second.sleep.waits
+    assert 6 < wait <= 7 * 1.25
+    assert len(tool.seen) == 3
+
+
+async def test_a_route_that_opts_out_neither_reads_nor_writes_the_fleet_state(
+    make_tool, make_sidecar, redis_store
+):
+    tool = await make_tool(lambda _: asyncio.sleep(0, rate_limited(7)))
+    sharing = await make_sidecar(tool, state_url=redis_store.url, max_retries=0)
+    await sharing.client.post("/forecast", json={})
+    before = redis_store.contents()
+    assert before
+
+    own = [{"name": "default", "prefix": "/", "upstream": tool.url, "shared_state": False}]
+    alone = await make_sidecar(None, state_url=redis_store.url, routes=own, max_retries=0)
+    answer = await alone.client.post("/forecast", json={})
+
+    assert answer.status == 429
+    assert alone.sleep.waits == []
+    assert len(tool.seen) == 2
+    assert redis_store.contents() == before
+
+
+async def test_a_cooldown_longer_than_a_request_may_wait_is_answered_at_once(
+    make_tool, make_sidecar, redis_store
+):
+    tool = await make_tool(lambda _: asyncio.sleep(0, rate_limited(120)))
+    first = await make_sidecar(tool, state_url=redis_store.url)
+    second = await make_sidecar(tool, state_url=redis_store.url)
+
+    # Past max_retry_after (60 s) the tool's 429 goes back at once, and the fleet learns it.
+    assert (await first.client.post("/forecast", json={})).status == 429
+
+    refused = await second.client.post("/forecast", json={})
+
+    assert refused.status == 503
+    assert (await refused.json())["error"]["code"] == "CIRCUIT_OPEN"
+    assert 100 < int(refused.headers["Retry-After"]) <= 120
+    assert second.sleep.waits == []
+    assert len(tool.seen) == 1
+
+
+async def test_a_wait_in_the_envelope_holds_back_its_path_only(
+    make_tool, make_sidecar, redis_store
+):
+    busy = {
+        "success": False,
+        "error": {"code": "BUSY", "retryable": True, "details": {"retry_after": "90s"}},
+    }
+    tool = await make_tool(
+        lambda request: asyncio.sleep(
+            0, web.json_response(busy, status=503) if request.path == "/busy" else ok()
+        )
+    )
+    first = await make_sidecar(tool, state_url=redis_store.url)
+    second = await make_sidecar(tool, state_url=redis_store.url)
+    assert (await first.client.post("/busy", json={})).status == 503
+
+    refused = await second.client.post("/busy", json={})
+    other_path = await second.client.post("/calm", json={})
+
+    assert refused.status == 503
+    assert (await refused.json())["error"]["code"] == "CIRCUIT_OPEN"
+    assert other_path.status == 200
+    assert [seen.raw_path for seen in tool.seen] == ["/busy", "/calm"]
+
+
+async def test_the_circuit_counts_failures_across_the_fleet(make_tool, make_sidecar, redis_store):
+    tool = await make_tool(lambda _: asyncio.sleep(0, web.json_response({}, status=503)))
+    guarded = {
+        "state_url": redis_store.url,
+        "max_retries": 0,
+        "circuit_failures": 4,
+        "circuit_open_ms": 90000,
+    }
+    first = await make_sidecar(tool, **guarded)
+    second = await make_sidecar(tool, **guarded)
+
+    for sidecar in (first, second, first, second):
+        assert (await sidecar.client.post("/forecast", json={})).status == 503
+    # Each replica saw two failures, the fleet four: the last one opened the circuit.
+    assert second.metric("sidecar_circuit_state", route="default") == 2
+    assert first.metric("sidecar_circuit_state", route="default") == 0
+
+    refused = await first.client.post("/forecast", json={})
+
+    assert (await refused.json())["error"]["code"] == "CIRCUIT_OPEN"
+    assert 80 < int(refused.headers["Retry-After"]) <= 90
+    assert len(tool.seen) == 4
+
+
+async def test_a_store_that_is_frozen_or_gone_costs_a_count_and_changes_no_answer(
+    make_tool, make_sidecar, redis_store
+):
+    tool = await make_tool(lambda _: asyncio.sleep(0, ok()))
+    frozen = await make_sidecar(tool, state_url=redis_store.url, state_timeout_ms=50)
+    gone = await make_sidecar(tool, state_url=f"redis://127.0.0.1:{unused_port()}/0")
+    redis_store.pause()
+    try:
+        for sidecar in (frozen, gone):
+            answer = await sidecar.client.post("/forecast", json={})
+            assert answer.status == 200
+            assert answer.headers["X-Sidecar-Outcome"] == "ok"
+            assert sidecar.metric("sidecar_state_errors_total", op="cooldown_read") == 1
+    finally:
+        redis_store.resume()
+
+
+def test_the_store_url_takes_redis_and_valkey_schemes_and_is_shown_masked():
+    for scheme in ("redis", "rediss", "valkey", "valkeys"):
+        load_settings(upstream_url="http://tool", state_url=f"{scheme}://store:6379/0")
+    with pytest.raises(ConfigError, match="state_url"):
+        load_settings(upstream_url="http://tool", state_url="http://store:6379")
+
+    settings = load_settings(upstream_url="http://tool", state_url="redis://:hunter2@store/0")
+    assert "hunter2" not in str(masked(settings))
+    assert "hunter2" not in repr(settings)
+
+
+async def _answer_ok(_: web.Request) -> web.Response:
+    return ok()
+
+
+class CoolingTool:
+    """A tool that answers the first request ``429 Retry-After: 1`` and counts every
+    request that arrives while that second lasts."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.during_cooldown = 0
+        self.cooling_until = 0.0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        now = time.monotonic()
+        if now < self.cooling_until:
+            self.during_cooldown += 1
+            return rate_limited(1)
+        if self.requests == 1:
+            self.cooling_until = now + 1
+            return rate_limited(1)
+        return ok()
+
+
+async def _replicas(
+    stack: contextlib.AsyncExitStack, upstream: str, count: int, env: dict[str, str]
+) -> list[RunningSidecar]:
+    """``count`` sidecar processes sharing ``env``, each one's log lines read as they come."""
+    replicas = await asyncio.gather(
+        *(stack.enter_async_context(sidecar_process(upstream, env)) for _ in range(count))
+    )
+    for replica in replicas:
+        reading = asyncio.create_task(replica.read_lines_until_exit())
+        stack.push_async_callback(_stop_reading, reading)
+    return list(replicas)
+
+
+async def _stop_reading(reading: asyncio.Task[int]) -> None:
+    reading.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reading
+
+
+async def _metric(agent: aiohttp.ClientSession, sidecar: RunningSidecar, series: str) -> float:
+    async with agent.get(f"{sidecar.admin}/metrics") as answer:
+        text = await answer.text()
+    values = [float(v) for v in re.findall(rf"^{re.escape(series)} (\S+)$", text, re.MULTILINE)]
+    return sum(values)
+
+
+@pytest.mark.slow
+async def test_three_replicas_send_nothing_while_the_tool_cools_down(aiohttp_server, redis_store):
+    tool = CoolingTool()
+    app = web.Application()
+    app.router.add_post("/forecast", tool.handle)
+    server = await aiohttp_server(app)
+    async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as agent:
+        learner, *others = await _replicas(
+            stack, str(server.make_url("/")), 3, {"SIDECAR_STATE_URL": redis_store.url}
+        )
+        learning = asyncio.create_task(agent.post(f"{learner.proxy}/forecast", json={}))
+        await eventually(lambda: "sidecar:{default}:cooldown" in keys(redis_store))
+
+        answers = await asyncio.gather(
+            learning, *(agent.post(f"{other.proxy}/forecast", json={}) for other in others)
+        )
+
+        assert [answer.status for answer in answers] == [200, 200, 200]
+        assert [answer.headers["X-Sidecar-Attempts"] for answer in answers] == ["2", "1", "1"]
+        assert tool.during_cooldown == 0
+        assert tool.requests == 4
+
+
+@pytest.mark.slow
+async def test_the_store_killed_mid_run_and_restarted(aiohttp_server, redis_store):
+    app = web.Application()
+    app.router.add_post("/forecast", _answer_ok)
+    server = await aiohttp_server(app)
+    async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as agent:
+        replicas = await _replicas(
+            stack, str(server.make_url("/")), 2, {"SIDECAR_STATE_URL": redis_store.url}
+        )
+
+        async def every_replica_answers() -> None:
+            for replica in replicas:
+                async with agent.post(f"{replica.proxy}/forecast", json={}) as answer:
+                    assert answer.status == 200
+                    assert answer.headers["X-Sidecar-Outcome"] == "ok"
+
+        await every_replica_answers()
+        assert any(key.startswith("sidecar:{default}:window:") for key in keys(redis_store))
+
+        redis_store.kill()
+        await every_replica_answers()
+        for replica in replicas:
+            errors = await _metric(agent, replica, 'sidecar_state_errors_total{op="cooldown_read"}')
+            assert errors >= 1
+            await eventually(
+                lambda replica=replica: any(
+                    line.get("event") == "state_store_unavailable" for line in replica.logged()
+                )
+            )
+
+        redis_store.start()
+
+        async def written_again() -> bool:
+            await every_replica_answers()
+            return any(key.startswith("sidecar:{default}:window:") for key in keys(redis_store))
+
+        await eventually(written_again, timeout_s=10)
