@@ -264,18 +264,20 @@ class _Run:
         fleet = self.guards.fleet
         if fleet is None:
             return None
-        cooldown_s = await fleet.cooldown_s(self.path)
-        if cooldown_s <= 0:
-            return None
-        plan = plan_cooldown(
-            cooldown_s=cooldown_s,
-            limits=self.limits,
-            backoff=self.guards.backoff,
-            time_left_s=self.deadline - self.clock(),
-        )
-        if isinstance(plan, Wait):
+        # Looked up again after each wait: while this request slept, the tool may have
+        # started a new cooldown that another replica has published.
+        while (cooldown_s := await fleet.cooldown_s(self.path)) > 0:
+            plan = plan_cooldown(
+                cooldown_s=cooldown_s,
+                limits=self.limits,
+                backoff=self.guards.backoff,
+                time_left_s=self.deadline - self.clock(),
+            )
+            if isinstance(plan, Outcome):
+                break
             self.trail.append(f"{plan.source}={_seconds(plan.seconds)}")
             await self.engine.sleep(plan.seconds)
+        else:
             return None
         self.trail.append(f"cooldown={_seconds(cooldown_s)} stop={plan.value}")
         if last is None:
