@@ -11,12 +11,15 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 from aiohttp import web
 
-from sidecar.settings import ConfigError, load_settings, masked
+from sidecar.settings import ConfigError, load_settings, masked, unknown_variables
 from tests.conftest import eventually, unused_port
 from tests.processes import RunningSidecar, sidecar_process
 from tests.redis_store import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -291,3 +294,16 @@ async def test_the_store_killed_mid_run_and_restarted(aiohttp_server, redis_stor
             return any(key.startswith("sidecar:{default}:window:") for key in keys(redis_store))
 
         await eventually(written_again, timeout_s=10)
+
+
+def test_the_fleet_compose_file_sets_only_real_settings():
+    compose = yaml.safe_load((ROOT / "deploy/docker-compose.fleet.yml").read_text())
+    sidecars = [service for name, service in compose["services"].items() if "sidecar" in name]
+    assert len(sidecars) == 2
+    for sidecar in sidecars:
+        environment = sidecar["environment"]
+        assert unknown_variables(environment) == []
+        load_settings(
+            upstream_url=environment["SIDECAR_UPSTREAM_URL"],
+            state_url=environment["SIDECAR_STATE_URL"],
+        )

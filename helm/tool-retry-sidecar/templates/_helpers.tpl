@@ -103,6 +103,15 @@ ten more for the agent to exit and the kubelet to reap.
       valueFrom:
         secretKeyRef: {name: {{ . | quote }}, key: {{ $.Values.sidecar.llm.apiKeySecret.key | quote }}}
     {{- end }}
+    {{- with .Values.sidecar.state }}
+    {{- if .urlSecret.name }}
+    - name: SIDECAR_STATE_URL
+      valueFrom:
+        secretKeyRef: {name: {{ .urlSecret.name | quote }}, key: {{ .urlSecret.key | quote }}}
+    - {name: SIDECAR_STATE_PREFIX, value: {{ .prefix | quote }}}
+    - {name: SIDECAR_STATE_TIMEOUT_MS, value: {{ .timeoutMs | quote }}}
+    {{- end }}
+    {{- end }}
     {{- with .Values.sidecar.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
