@@ -107,6 +107,7 @@ def create_app(
                 session, SCHEMA_FETCH_TIMEOUT_S, settings.schema_refresh_ms / 1000
             )
         )
+        state = StateStore.from_settings(settings, hooks)
         llm_client = llm_client_for(settings)
         repairer = (
             LlmRepairer(
@@ -115,11 +116,11 @@ def create_app(
                 hooks,
                 max_concurrency=settings.llm_max_concurrency,
                 clock=clock,
+                shared=state.by_route(route_configs) if state is not None else None,
             )
             if llm_client is not None
             else None
         )
-        state = StateStore.from_settings(settings, hooks)
         engine = Engine(
             session,
             hooks,

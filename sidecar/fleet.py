@@ -28,7 +28,7 @@ import asyncio
 import hashlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sidecar.observe import Hooks
@@ -96,6 +96,11 @@ class StateStore:
         if not route.shared_state:
             return None
         return RouteState(self, f"{self._prefix}{{{route.name}}}:")
+
+    def by_route(self, routes: Iterable[RouteConfig]) -> dict[str, RouteState]:
+        """The view of each route that shares its state, by route name."""
+        views = {route.name: self.for_route(route) for route in routes}
+        return {name: view for name, view in views.items() if view is not None}
 
     async def call(self, op: str, work: Callable[[Redis], Awaitable[Result]]) -> Result | None:
         """``work`` against the store within the timeout; ``None`` when it failed or the

@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import orjson
 import pytest
 import yaml
 from aiohttp import web
@@ -28,6 +29,20 @@ def redis_store(tmp_path: Path) -> Iterator[RedisServer]:
     server.start()
     yield server
     server.kill()
+
+
+# Tests that check what replicas share give the store far more than its default 25 ms: on
+# a busy shared machine a call may take longer, and a timed-out call shares nothing. The
+# timeout itself is tested with a frozen store.
+SHARING_TIMEOUT_MS = 2000
+
+
+def shared(store: RedisServer) -> dict[str, object]:
+    return {"state_url": store.url, "state_timeout_ms": SHARING_TIMEOUT_MS}
+
+
+def shared_env(store: RedisServer) -> dict[str, str]:
+    return {"SIDECAR_STATE_URL": store.url, "SIDECAR_STATE_TIMEOUT_MS": str(SHARING_TIMEOUT_MS)}
 
 
 def rate_limited(seconds: int) -> web.Response:
@@ -53,8 +68,8 @@ async def test_a_wait_one_replica_learned_holds_back_the_first_attempt_of_anothe
     )
     answers = iter([reset])
     tool = await make_tool(lambda _: asyncio.sleep(0, next(answers, ok())))
-    first = await make_sidecar(tool, state_url=redis_store.url, sleep=asyncio.sleep)
-    second = await make_sidecar(tool, state_url=redis_store.url, sleep=asyncio.sleep)
+    first = await make_sidecar(tool, **shared(redis_store), sleep=asyncio.sleep)
+    second = await make_sidecar(tool, **shared(redis_store), sleep=asyncio.sleep)
 
     learning = asyncio.create_task(first.client.post("/forecast", json={"city": "Oslo"}))
     await eventually(lambda: "sidecar:{default}:cooldown" in keys(redis_store))
@@ -72,13 +87,13 @@ async def test_a_route_that_opts_out_neither_reads_nor_writes_the_fleet_state(
     make_tool, make_sidecar, redis_store
 ):
     tool = await make_tool(lambda _: asyncio.sleep(0, rate_limited(7)))
-    sharing = await make_sidecar(tool, state_url=redis_store.url, max_retries=0)
+    sharing = await make_sidecar(tool, **shared(redis_store), max_retries=0)
     await sharing.client.post("/forecast", json={})
     before = redis_store.contents()
     assert before
 
     own = [{"name": "default", "prefix": "/", "upstream": tool.url, "shared_state": False}]
-    alone = await make_sidecar(None, state_url=redis_store.url, routes=own, max_retries=0)
+    alone = await make_sidecar(None, **shared(redis_store), routes=own, max_retries=0)
     answer = await alone.client.post("/forecast", json={})
 
     assert answer.status == 429
@@ -91,8 +106,8 @@ async def test_a_cooldown_longer_than_a_request_may_wait_is_answered_at_once(
     make_tool, make_sidecar, redis_store
 ):
     tool = await make_tool(lambda _: asyncio.sleep(0, rate_limited(120)))
-    first = await make_sidecar(tool, state_url=redis_store.url)
-    second = await make_sidecar(tool, state_url=redis_store.url)
+    first = await make_sidecar(tool, **shared(redis_store))
+    second = await make_sidecar(tool, **shared(redis_store))
 
     # Past max_retry_after (60 s) the tool's 429 goes back at once, and the fleet learns it.
     assert (await first.client.post("/forecast", json={})).status == 429
@@ -118,8 +133,8 @@ async def test_a_wait_in_the_envelope_holds_back_its_path_only(
             0, web.json_response(busy, status=503) if request.path == "/busy" else ok()
         )
     )
-    first = await make_sidecar(tool, state_url=redis_store.url)
-    second = await make_sidecar(tool, state_url=redis_store.url)
+    first = await make_sidecar(tool, **shared(redis_store))
+    second = await make_sidecar(tool, **shared(redis_store))
     assert (await first.client.post("/busy", json={})).status == 503
 
     refused = await second.client.post("/busy", json={})
@@ -134,7 +149,7 @@ async def test_a_wait_in_the_envelope_holds_back_its_path_only(
 async def test_the_circuit_counts_failures_across_the_fleet(make_tool, make_sidecar, redis_store):
     tool = await make_tool(lambda _: asyncio.sleep(0, web.json_response({}, status=503)))
     guarded = {
-        "state_url": redis_store.url,
+        **shared(redis_store),
         "max_retries": 0,
         "circuit_failures": 4,
         "circuit_open_ms": 90000,
@@ -242,7 +257,7 @@ async def test_three_replicas_send_nothing_while_the_tool_cools_down(aiohttp_ser
     server = await aiohttp_server(app)
     async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as agent:
         learner, *others = await _replicas(
-            stack, str(server.make_url("/")), 3, {"SIDECAR_STATE_URL": redis_store.url}
+            stack, str(server.make_url("/")), 3, shared_env(redis_store)
         )
         learning = asyncio.create_task(agent.post(f"{learner.proxy}/forecast", json={}))
         await eventually(lambda: "sidecar:{default}:cooldown" in keys(redis_store))
@@ -263,9 +278,7 @@ async def test_the_store_killed_mid_run_and_restarted(aiohttp_server, redis_stor
     app.router.add_post("/forecast", _answer_ok)
     server = await aiohttp_server(app)
     async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as agent:
-        replicas = await _replicas(
-            stack, str(server.make_url("/")), 2, {"SIDECAR_STATE_URL": redis_store.url}
-        )
+        replicas = await _replicas(stack, str(server.make_url("/")), 2, shared_env(redis_store))
 
         async def every_replica_answers() -> None:
             for replica in replicas:
@@ -307,3 +320,63 @@ def test_the_fleet_compose_file_sets_only_real_settings():
             upstream_url=environment["SIDECAR_UPSTREAM_URL"],
             state_url=environment["SIDECAR_STATE_URL"],
         )
+
+
+CORRECT_CITY = "Flower Mound, Texas, US"
+API_KEY = "sk-live-0123456789abcdef"
+
+
+async def _weather(request: web.Request) -> web.Response:
+    """Knows a city only as 'City, State, Country', and echoes the key it was sent."""
+    payload = await request.json()
+    if payload.get("location") == CORRECT_CITY:
+        return web.json_response({"success": True, "key": payload.get("api_key")})
+    failure = {
+        "code": "LOCATION_NOT_FOUND",
+        "message": f"City '{payload.get('location')}' not found (key {payload.get('api_key')})",
+        "category": "NOT_FOUND",
+        "retryable": True,
+    }
+    return web.json_response({"success": False, "error": failure}, status=404)
+
+
+@pytest.mark.slow
+async def test_one_model_call_repairs_an_identical_failure_on_every_replica(
+    aiohttp_server, make_llm, redis_store
+):
+    llm = await make_llm(
+        {
+            "can_fix": True,
+            "analysis": "the tool wants the full place name",
+            "corrected_payload": {"location": CORRECT_CITY, "api_key": "<redacted-1>"},
+            "is_transient": False,
+        }
+    )
+    app = web.Application()
+    app.router.add_post("/weather", _weather)
+    server = await aiohttp_server(app)
+    env = {**shared_env(redis_store), "SIDECAR_LLM_BASE_URL": llm.base_url}
+    call = {"location": "Flower Mound, TX", "api_key": API_KEY}
+    async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as agent:
+        replicas = await _replicas(stack, str(server.make_url("/")), 3, env)
+        answers = []
+        for replica in replicas:
+            async with agent.post(
+                f"{replica.proxy}/weather", json=call, headers={"Authorization": "Bearer agt-0042"}
+            ) as answer:
+                answers.append(
+                    (answer.status, answer.headers["X-Sidecar-Repaired"], await answer.json())
+                )
+
+    assert answers == [(200, "llm", {"success": True, "key": API_KEY})] * 3
+    assert len(llm.requests) == 1
+    stored = redis_store.contents()
+    [answer] = [value for key, value in stored.items() if b":repair:" in key]
+    assert orjson.loads(answer)["corrected"] == {
+        "location": CORRECT_CITY,
+        "api_key": "<redacted-1>",
+    }
+    for key, value in stored.items():
+        for secret in (API_KEY.encode(), b"agt-0042"):
+            assert secret not in key
+            assert secret not in value

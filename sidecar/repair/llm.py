@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,8 @@ from sidecar.repair.redact import Redactor
 
 if TYPE_CHECKING:
     import openai
+
+    from sidecar.fleet import RouteState
 
 MAX_GROWTH = 4
 _CACHE_ENTRIES = 1024
@@ -53,6 +55,21 @@ class LlmAnswer:
     can_fix: bool
     is_transient: bool
     corrected: dict[str, Any] | None
+
+    def to_json(self) -> bytes:
+        fields = {"can_fix": self.can_fix, "is_transient": self.is_transient}
+        return orjson.dumps({**fields, "corrected": self.corrected})
+
+    @classmethod
+    def from_json(cls, data: bytes) -> LlmAnswer:
+        document = orjson.loads(data)
+        return cls(document["can_fix"], document["is_transient"], document["corrected"])
+
+    def restored(self, redactor: Redactor) -> LlmAnswer:
+        """This answer with the secrets ``redactor`` hid put back."""
+        if self.corrected is None:
+            return self
+        return LlmAnswer(self.can_fix, self.is_transient, redactor.restore(self.corrected))
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +101,15 @@ class LlmRepairer:
         *,
         max_concurrency: int,
         clock: Callable[[], float] = time.monotonic,
+        shared: Mapping[str, RouteState] | None = None,
     ) -> None:
         self._client = client
         self._model = model
         self._hooks = hooks
         self._slots = asyncio.Semaphore(max_concurrency)
         self._cache: TtlLru[LlmAnswer] = TtlLru(_CACHE_ENTRIES, _CACHE_TTL_S, clock)
+        # Each sharing route's answers, as every replica's model gave them: redacted.
+        self._shared = shared or {}
 
     async def answer(self, request: LlmRequest, time_left_s: float) -> LlmAnswer | None:
         """The model's answer with secrets restored, from the cache when the failure repeats.
@@ -110,12 +130,20 @@ class LlmRepairer:
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": _prompt(request, redactor)},
         ]
+        # The same payload redacted the same way has the same placeholders on every replica.
+        shared = self._shared.get(request.route)
+        shared_key = orjson.dumps(cache_key).decode()
+        stored = await shared.cached(shared_key) if shared is not None else None
+        if stored is not None:
+            answer = LlmAnswer.from_json(stored).restored(redactor)
+            self._cache.put(cache_key, answer)
+            return answer
         started = time.monotonic()
         result, content, usage, failure = await self._complete(messages, time_left_s)
-        answer = None
+        redacted = None
         if content is not None:
             try:
-                answer = _parse(content, redactor)
+                redacted = _parse(content)
             except Refused as refused:
                 result, failure = "invalid", refused
         # One count per call, and its tokens even when the answer was unusable: they were paid.
@@ -126,8 +154,12 @@ class LlmRepairer:
             completion_tokens=getattr(usage, "completion_tokens", 0) or 0,
             failure=failure,
         )
-        if answer is not None:
-            self._cache.put(cache_key, answer)
+        if redacted is None:
+            return None
+        answer = redacted.restored(redactor)
+        self._cache.put(cache_key, answer)
+        if shared is not None:
+            await shared.cache(shared_key, redacted.to_json(), _CACHE_TTL_S)
         return answer
 
     async def _complete(
@@ -182,7 +214,8 @@ def _prompt(request: LlmRequest, redactor: Redactor) -> str:
     return orjson.dumps(document, default=str).decode()
 
 
-def _parse(content: str, redactor: Redactor) -> LlmAnswer:
+def _parse(content: str) -> LlmAnswer:
+    """The model's answer as it wrote it: with placeholders where secrets were."""
     try:
         document = orjson.loads(content)
     except orjson.JSONDecodeError:
@@ -195,7 +228,7 @@ def _parse(content: str, redactor: Redactor) -> LlmAnswer:
     return LlmAnswer(
         can_fix=document["can_fix"],
         is_transient=document.get("is_transient") is True,
-        corrected=redactor.restore(corrected) if isinstance(corrected, dict) else None,
+        corrected=corrected if isinstance(corrected, dict) else None,
     )
 
 
