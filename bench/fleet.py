@@ -1,20 +1,23 @@
 """A fleet of sidecars in front of one tool, with and without the shared state (Redis).
 
-    python -m bench.fleet [--sidecars 4] [--seconds 4] [--failures 5]   (from the repository root)
+    python -m bench.fleet [--sidecars 4] [--seconds 4] [--failures 5] [--state-timeout-ms 25]
+                          [--every-ms 20]
 
-Needs ``redis-server`` on the PATH. Everything listens on 127.0.0.1: a real redis-server
-(no persistence, in a temporary directory), an aiohttp tool, a fake OpenAI-compatible
-model that counts its calls, and ``--sidecars`` ``tool-retry-sidecar serve`` processes.
+from the repository root. Needs ``redis-server`` on the PATH. Everything listens on
+127.0.0.1: a real redis-server (no persistence, in a temporary directory), an aiohttp
+tool, a fake OpenAI-compatible model that counts its calls, and ``--sidecars``
+``tool-retry-sidecar serve`` processes.
 Every process started is stopped by its PID before the script returns.
 
-Three runs, each without and then with ``SIDECAR_STATE_URL``:
+Four parts, the first two without and then with ``SIDECAR_STATE_URL``:
 
-* rate limit — each sidecar gets a call every 20 ms for ``--seconds``; the tool takes
+* rate limit — each sidecar gets a call every ``--every-ms`` for ``--seconds``; the tool takes
   ``QUOTA`` calls, then answers ``429 Retry-After: 1`` and cools down for that second.
   Counted: calls that reached the tool while it was cooling down (the 429 that started a
   cooldown is not one of them), per cooldown.
 * repair — ``--failures`` distinct payloads the tool rejects and the model repairs; each
   is sent to every sidecar in turn. Counted: model calls per identical failure.
+* memory — ``MEMORY USAGE`` of each kind of key one route writes, on the same server.
 * store down (shared only) — steady calls while the store is up, frozen (SIGSTOP: every
   call meets the timeout) and killed; latency p50/p99/max per phase and calls lost.
 """
@@ -34,7 +37,12 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 
+from sidecar.fleet import StateStore
+from sidecar.observe import Hooks, Metrics
+from sidecar.repair.llm import LlmAnswer
+from sidecar.settings import load_settings, resolve_routes
 from tests.processes import RunningSidecar, sidecar_process
 from tests.redis_store import RedisServer
 
@@ -142,7 +150,10 @@ async def _fleet(
     )
 
 
-async def rate_limit_run(sidecars: int, seconds: float, env: dict[str, str]) -> Tool:
+async def rate_limit_run(
+    sidecars: int, seconds: float, every_s: float, env: dict[str, str]
+) -> tuple[Tool, float]:
+    """The tool's counts, and the store errors the sidecars counted."""
     tool = Tool()
     app = web.Application()
     app.router.add_post("/limited", tool.rate_limited)
@@ -153,9 +164,20 @@ async def rate_limit_run(sidecars: int, seconds: float, env: dict[str, str]) -> 
         while time.monotonic() < stop_at:
             for sidecar in fleet:
                 calls.append(asyncio.create_task(_post(agent, f"{sidecar.proxy}/limited", {})))
-            await asyncio.sleep(CALL_EVERY_S)
+            await asyncio.sleep(every_s)
         await asyncio.gather(*calls)
-    return tool
+        errors = sum([await _state_errors(agent, sidecar) for sidecar in fleet])
+    return tool, errors
+
+
+async def _state_errors(agent: aiohttp.ClientSession, sidecar: RunningSidecar) -> float:
+    async with agent.get(f"{sidecar.admin}/metrics") as answer:
+        text = await answer.text()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sidecar_state_errors_total{")
+    )
 
 
 async def repair_run(sidecars: int, failures: int, env: dict[str, str]) -> int:
@@ -177,15 +199,15 @@ async def repair_run(sidecars: int, failures: int, env: dict[str, str]) -> int:
     return model.calls
 
 
-async def store_down_run(sidecars: int, seconds: float, store: RedisServer) -> list[list[Any]]:
+async def store_down_run(
+    sidecars: int, seconds: float, store: RedisServer, sharing: dict[str, str]
+) -> list[list[Any]]:
     tool = Tool()
     app = web.Application()
     app.router.add_post("/fine", tool.fine)
     rows = []
     async with contextlib.AsyncExitStack() as stack, aiohttp.ClientSession() as agent:
-        fleet = await _fleet(
-            stack, await _serve(app, stack), sidecars, {"SIDECAR_STATE_URL": store.url}
-        )
+        fleet = await _fleet(stack, await _serve(app, stack), sidecars, sharing)
         for phase, change in (("up", None), ("frozen", store.pause), ("killed", store.kill)):
             if phase == "killed":
                 store.resume()
@@ -201,6 +223,37 @@ async def store_down_run(sidecars: int, seconds: float, store: RedisServer) -> l
             latencies = sorted(elapsed for _, elapsed in results)
             lost = sum(status != 200 for status, _ in results)
             rows.append([phase, len(results), lost, *_percentiles(latencies)])
+    return rows
+
+
+async def memory_rows(store: RedisServer) -> list[list[Any]]:
+    """Bytes each kind of key takes, written through the sidecar's own code."""
+    cleared = store.client()
+    cleared.flushall()
+    cleared.close()
+    settings = load_settings(upstream_url="http://tool", state_url=store.url)
+    state = StateStore.from_settings(settings, Hooks(Metrics(CollectorRegistry())))
+    assert state is not None
+    [route] = resolve_routes(settings)
+    view = state.for_route(route)
+    assert view is not None
+    window_s = route.tuning.circuit_window_ms / 1000
+    await view.publish_cooldown(30)
+    await view.publish_cooldown(30, "/weather/current")
+    await view.count(True, window_s)
+    answer = LlmAnswer(
+        True, False, {"location": RIGHT, "units": "metric", "api_key": "<redacted-1>"}
+    )
+    await view.cache('["default","LOCATION_NOT_FOUND","0123456789abcdef"]', answer.to_json(), 600)
+    await state.close()
+    client = store.client()
+    rows = []
+    try:
+        for key in sorted(client.scan_iter(match="sidecar:*")):
+            rows.append([key.decode(), client.memory_usage(key), client.pttl(key) // 1000])
+        client.flushall()  # the runs after this one start from an empty store
+    finally:
+        client.close()
     return rows
 
 
@@ -230,21 +283,31 @@ async def main() -> None:
     parser.add_argument("--sidecars", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--failures", type=int, default=5)
+    parser.add_argument("--state-timeout-ms", type=int, default=25)
+    parser.add_argument("--every-ms", type=float, default=20, help="each sidecar's call interval")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory() as workdir:
         store = RedisServer(Path(workdir))
         store.start()
         try:
             rows = []
-            for label, env in (("local", {}), ("shared", {"SIDECAR_STATE_URL": store.url})):
-                tool = await rate_limit_run(options.sidecars, options.seconds, env)
+            sharing = {
+                "SIDECAR_STATE_URL": store.url,
+                "SIDECAR_STATE_TIMEOUT_MS": str(options.state_timeout_ms),
+            }
+            for label, env in (("local", {}), ("shared", sharing)):
+                tool, errors = await rate_limit_run(
+                    options.sidecars, options.seconds, options.every_ms / 1000, env
+                )
                 llm_calls = await repair_run(options.sidecars, options.failures, env)
                 rows.append(
                     [
                         label,
                         tool.cooldowns,
                         sum(tool.during_cooldown),
+                        f"{sum(tool.during_cooldown) / max(tool.cooldowns, 1):.1f}",
                         max(tool.during_cooldown, default=0),
+                        int(errors),
                         options.failures,
                         f"{llm_calls / options.failures:.2f}",
                     ]
@@ -255,7 +318,9 @@ async def main() -> None:
                         "state",
                         "cooldowns",
                         "tool calls in cooldowns",
-                        "most in one cooldown",
+                        "per cooldown",
+                        "most in one",
+                        "store errors",
                         "identical failures",
                         "LLM calls per failure",
                     ],
@@ -263,7 +328,9 @@ async def main() -> None:
                 )
             )
             print()
-            down = await store_down_run(options.sidecars, options.seconds / 2, store)
+            print(_table(["key", "bytes", "ttl s"], await memory_rows(store)))
+            print()
+            down = await store_down_run(options.sidecars, options.seconds / 2, store, sharing)
             print(_table(["store", "calls", "lost", "p50 ms", "p99 ms", "max ms"], down))
         finally:
             store.kill()

@@ -282,7 +282,10 @@ class _Run:
         self.trail.append(f"cooldown={_seconds(cooldown_s)} stop={plan.value}")
         if last is None:
             return Result(Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=cooldown_s)
-        return self._result(plan, last)
+        result = self._result(plan, last)
+        if result.answer is None and result.error is None:
+            result.circuit_open_for_s = cooldown_s  # the answer streamed on and is gone
+        return result
 
     async def _loop(self, ticket: Ticket) -> tuple[Result, _Attempt]:
         """Attempts until one step ends the request; the result and the last attempt."""
@@ -340,8 +343,6 @@ class _Run:
         )
         attempt = self.engine.judge(result, self.tuning.retry_on_status)
         attempt.cut_by_deadline = per_try < self.tuning.per_try_timeout_ms / 1000
-        if not attempt.verdict.success:
-            await self._learn_requested_wait(attempt)
         if self.rpc is not None and self.rpc[0] == "tools/list" and attempt.verdict.success:
             self._learn_tool_hints(attempt)
         self.hooks.attempt_finished(
@@ -359,6 +360,8 @@ class _Run:
             if self.last_answer is not None:
                 self.last_answer.discard()
             self.last_answer, self.answered_payload = result, self.payload
+        if not attempt.verdict.success:
+            await self._learn_requested_wait(attempt)
         return attempt
 
     async def _learn_requested_wait(self, attempt: _Attempt) -> None:
