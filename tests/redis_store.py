@@ -16,12 +16,13 @@ from tests.conftest import unused_port
 class RedisServer:
     """``redis-server`` on a free 127.0.0.1 port, its files in ``workdir``."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, password: str | None = None) -> None:
         executable = shutil.which("redis-server")
         if executable is None:
             raise RuntimeError("redis-server is missing: apt-get install redis-server")
         self._executable = executable
         self._workdir = workdir
+        self._password = password
         self.port = unused_port()
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -35,6 +36,7 @@ class RedisServer:
                 *(self._executable, "--bind", "127.0.0.1", "--port", str(self.port)),
                 *("--dir", str(self._workdir), "--save", "", "--appendonly", "no"),
                 *("--rdbcompression", "no", "--daemonize", "no", "--loglevel", "warning"),
+                *(("--requirepass", self._password) if self._password else ()),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -69,7 +71,9 @@ class RedisServer:
         self._process.send_signal(signal.SIGCONT)
 
     def client(self) -> redis.Redis:
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=5)
+        return redis.Redis(
+            host="127.0.0.1", port=self.port, password=self._password, socket_timeout=5
+        )
 
     def contents(self) -> dict[bytes, bytes]:
         """Every key the server holds, with its value: a string as ``GET`` reads it, any

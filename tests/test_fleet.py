@@ -182,9 +182,29 @@ async def test_a_store_that_is_frozen_or_gone_costs_a_count_and_changes_no_answe
             answer = await sidecar.client.post("/forecast", json={})
             assert answer.status == 200
             assert answer.headers["X-Sidecar-Outcome"] == "ok"
-            assert sidecar.metric("sidecar_state_errors_total", op="cooldown_read") == 1
+            assert sidecar.metric("sidecar_state_errors_total", op="cooldown_read") >= 1
     finally:
         redis_store.resume()
+
+
+async def test_a_store_that_refuses_the_password_costs_a_count_and_changes_no_answer(
+    make_tool, make_sidecar, tmp_path
+):
+    guarded = RedisServer(tmp_path, password="right-password")
+    guarded.start()
+    try:
+        tool = await make_tool(lambda _: asyncio.sleep(0, rate_limited(1)))
+        wrong = f"redis://:wrong-password@127.0.0.1:{guarded.port}/0"
+        sidecar = await make_sidecar(tool, state_url=wrong, max_retries=1)
+
+        answer = await sidecar.client.post("/forecast", json={})
+
+        assert answer.status == 429
+        assert answer.headers["X-Sidecar-Attempts"] == "2"
+        assert sidecar.metric("sidecar_state_errors_total", op="cooldown_read") >= 1
+        assert guarded.contents() == {}
+    finally:
+        guarded.kill()
 
 
 def test_the_store_url_takes_redis_and_valkey_schemes_and_is_shown_masked():
