@@ -140,7 +140,7 @@ async def test_the_readme_agent_snippet_calls_a_tool_through_the_sidecar(make_to
     tool = await make_tool(weather)
     sidecar = await make_sidecar(tool)
     sidecar_url = str(sidecar.client.make_url("")).rstrip("/")
-    [snippet] = code_blocks(README.read_text(encoding="utf-8"), "python")[:1]
+    snippet = code_blocks(README.read_text(encoding="utf-8"), "python")[0]
     printed: list[tuple[Any, ...]] = []
     namespace: dict[str, Any] = {"print": lambda *values: printed.append(values)}
 
