@@ -15,13 +15,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from yarl import URL
 
 from sidecar.engine import Clock, Engine, Sleep
-from sidecar.observe import Hooks, Metrics, http_server_logger
+from sidecar.observe import Metrics, http_server_logger
 from sidecar.proxy import Proxy
 from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
 from sidecar.routing import RouteTable
 from sidecar.settings import Settings, resolve_routes
+from sidecar.telemetry import Hooks, build_hooks
 from sidecar.upstream import create_session
 
 if TYPE_CHECKING:
@@ -86,7 +87,9 @@ def create_app(
     their own to control time without changing behaviour.
     """
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
-    hooks = Hooks(metrics, access_log=settings.access_log, clock=clock)
+    hooks = build_hooks(
+        metrics, access_log=settings.access_log, clock=clock, llm_model=settings.llm_model
+    )
     route_configs = resolve_routes(settings)
     routes = RouteTable(route_configs)
 
@@ -142,6 +145,8 @@ def create_app(
         await session.close()
         if llm_client is not None:
             await llm_client.close()
+        # Spans still buffered go out now; exporting blocks, so off the event loop.
+        await asyncio.to_thread(hooks.close)
 
     async def forward(request: web.Request) -> web.StreamResponse:
         return await request.app[PROXY].handle(request)
