@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from yarl import URL
 
 from sidecar.engine import Clock, Engine, Sleep
@@ -194,9 +195,14 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     metrics = proxy_app[METRICS]
     lifecycle = proxy_app[LIFECYCLE]
 
-    async def metrics_text(_: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(metrics.registry))
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    async def metrics_text(request: web.Request) -> web.Response:
+        # OpenMetrics (which carries exemplars) only for a scraper that asks for it.
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):
+            response = web.Response(body=openmetrics.generate_latest(metrics.registry))
+            response.headers["Content-Type"] = openmetrics.CONTENT_TYPE_LATEST
+        else:
+            response = web.Response(body=generate_latest(metrics.registry))
+            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
     async def healthz(_: web.Request) -> web.Response:

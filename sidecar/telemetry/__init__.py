@@ -14,6 +14,7 @@ from sidecar.observe import Metrics
 from sidecar.telemetry.contract import Hooks, RequestState, Sink
 from sidecar.telemetry.logs import LogSink
 from sidecar.telemetry.metrics import MetricsSink
+from sidecar.telemetry.otel import tracer_provider, tracing_exporters
 
 __all__ = ["Hooks", "RequestState", "Sink", "build_hooks"]
 
@@ -26,8 +27,16 @@ def build_hooks(
     llm_model: str = "",
     environ: Mapping[str, str] = os.environ,
 ) -> Hooks:
-    """The app's hooks: metrics, then logs."""
+    """The app's hooks: traces when ``OTEL_*`` asks for them, then metrics, then logs.
+
+    Traces come first so the metrics of a stage can carry its span's ids as exemplars.
+    """
     sinks: list[Sink] = []
+    exporters = tracing_exporters(environ)
+    if exporters:
+        from sidecar.telemetry.traces import TraceSink
+
+        sinks.append(TraceSink(tracer_provider(environ, exporters), llm_model))
     sinks.append(MetricsSink(metrics))
     sinks.append(LogSink(access_log=access_log, clock=clock))
     return Hooks(sinks)
