@@ -48,13 +48,14 @@ class ReceivedSpan:
 
 @dataclass
 class Receiver:
-    server: TestServer
+    server: TestServer | None = None
     bodies: list[bytes] = field(default_factory=list)
     content_types: list[str] = field(default_factory=list)
     spans: list[ReceivedSpan] = field(default_factory=list)
 
     @property
     def endpoint(self) -> str:
+        assert self.server is not None
         return str(self.server.make_url("/v1/traces"))
 
     def children_of(self, span: ReceivedSpan) -> list[ReceivedSpan]:
@@ -66,35 +67,41 @@ def _attributes(pairs: Any) -> dict[str, Any]:
     return {pair.key: _value(pair.value) for pair in pairs}
 
 
-async def start_receiver(aiohttp_server: Any) -> Receiver:
-    receiver: Receiver
+def decode(body: bytes) -> list[ReceivedSpan]:
+    """The spans of one OTLP/HTTP protobuf export."""
+    spans = []
+    for resource_spans in ExportTraceServiceRequest.FromString(body).resource_spans:
+        resource = _attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                spans.append(
+                    ReceivedSpan(
+                        name=span.name,
+                        kind=span.kind,
+                        trace_id=span.trace_id.hex(),
+                        span_id=span.span_id.hex(),
+                        parent_id=span.parent_span_id.hex(),
+                        start_ns=span.start_time_unix_nano,
+                        end_ns=span.end_time_unix_nano,
+                        attributes=_attributes(span.attributes),
+                        events=[
+                            (event.name, event.time_unix_nano, _attributes(event.attributes))
+                            for event in span.events
+                        ],
+                        resource=resource,
+                    )
+                )
+    return spans
+
+
+def receiver_app(receiver: Receiver) -> web.Application:
+    """POST /v1/traces as a collector answers it, every export kept in ``receiver``."""
 
     async def traces(request: web.Request) -> web.Response:
         body = await request.read()
         receiver.bodies.append(body)
         receiver.content_types.append(request.content_type)
-        export = ExportTraceServiceRequest.FromString(body)
-        for resource_spans in export.resource_spans:
-            resource = _attributes(resource_spans.resource.attributes)
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    receiver.spans.append(
-                        ReceivedSpan(
-                            name=span.name,
-                            kind=span.kind,
-                            trace_id=span.trace_id.hex(),
-                            span_id=span.span_id.hex(),
-                            parent_id=span.parent_span_id.hex(),
-                            start_ns=span.start_time_unix_nano,
-                            end_ns=span.end_time_unix_nano,
-                            attributes=_attributes(span.attributes),
-                            events=[
-                                (event.name, event.time_unix_nano, _attributes(event.attributes))
-                                for event in span.events
-                            ],
-                            resource=resource,
-                        )
-                    )
+        receiver.spans.extend(decode(body))
         return web.Response(
             body=ExportTraceServiceResponse().SerializeToString(),
             content_type="application/x-protobuf",
@@ -102,5 +109,10 @@ async def start_receiver(aiohttp_server: Any) -> Receiver:
 
     app = web.Application()
     app.router.add_post("/v1/traces", traces)
-    receiver = Receiver(await aiohttp_server(app))
+    return app
+
+
+async def start_receiver(aiohttp_server: Any) -> Receiver:
+    receiver = Receiver()
+    receiver.server = await aiohttp_server(receiver_app(receiver))
     return receiver
