@@ -22,6 +22,13 @@ def scenario_blocks(output: str) -> dict[int, str]:
     return {int(block[0]): block for block in blocks if block[:1].isdigit()}
 
 
+def sent_and_received(block: str) -> tuple[str, str]:
+    """The body on the scenario's 'agent sent' line and on its last 'tool got' line."""
+    sent = re.search(r"agent sent   \S+ \S+ (.*)", block).group(1)
+    received = re.findall(r"tool got (.*) -> \d+", block)[-1]
+    return sent, received
+
+
 async def test_demo_with_a_model_recovers_every_scenario(make_llm):
     city = next(name for name in KNOWN_CITIES if name.startswith("Flower Mound"))
     llm = await make_llm(
@@ -47,6 +54,13 @@ async def test_demo_with_a_model_recovers_every_scenario(make_llm):
     assert "400 repair=adjustment, 200" in blocks[4]
     assert "404 repair=llm, 200" in blocks[5] and "repaired by llm" in blocks[5]
     assert "agent got    401 (not-retryable)" in blocks[6]
+    # The agent's line shows the bytes it sent: a body the sidecar did not change reads the
+    # same at the tool, and a coerced one differs only in the value that was coerced.
+    assert sent_and_received(blocks[1]) == ('{"location":"Tokyo, Japan","burst":true}',) * 2
+    assert sent_and_received(blocks[3]) == (
+        '{"lat":"35.6","lon":"139.7","hourly":"true"}',
+        '{"lat":35.6,"lon":139.7,"hourly":true}',
+    )
     assert "sidecar_retries_total{reason=server_error}" in output
     assert "sidecar_llm_requests_total{result=ok}" in output
     assert len(llm.requests) == 1

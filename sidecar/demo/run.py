@@ -44,6 +44,11 @@ class Scenario:
     needs_llm: bool = False
     note: str = ""
 
+    @property
+    def body(self) -> bytes | None:
+        """The request body exactly as the agent sends it, so the demo can print those bytes."""
+        return None if self.payload is None else orjson.dumps(self.payload)
+
 
 SCENARIOS = (
     Scenario(
@@ -178,9 +183,10 @@ class _Report:
 
     def lines(self, has_llm: bool) -> list[str]:
         scenario = self.scenario
-        sent = _json(scenario.payload) or ", ".join(
-            f"{k}: {v}" for k, v in scenario.headers.items()
-        )
+        if scenario.body is not None:
+            sent = _json_bytes(scenario.body)
+        else:
+            sent = ", ".join(f"{k}: {v}" for k, v in scenario.headers.items())
         lines = [f"agent sent   {scenario.method} {scenario.path} {sent}"]
         for attempt, seen in enumerate(self.tool_saw, start=1):
             got = _json_bytes(seen.body) or "(no body)"
@@ -207,11 +213,11 @@ async def _play(
     agent: aiohttp.ClientSession, sidecar_url: str, scenario: Scenario, tool_log: ToolLog
 ) -> _Report:
     request_id = f"demo-{uuid.uuid4().hex[:12]}"
+    headers = {"X-Request-ID": request_id, **scenario.headers}
+    if scenario.body is not None:
+        headers["Content-Type"] = "application/json"
     async with agent.request(
-        scenario.method,
-        sidecar_url + scenario.path,
-        json=scenario.payload,
-        headers={"X-Request-ID": request_id, **scenario.headers},
+        scenario.method, sidecar_url + scenario.path, data=scenario.body, headers=headers
     ) as response:
         body = await response.read()
         return _Report(
@@ -275,10 +281,6 @@ def _writer(out: TextIO) -> Callable[[str], None]:
         out.flush()
 
     return write
-
-
-def _json(value: Any) -> str:
-    return "" if value is None else orjson.dumps(value).decode()
 
 
 def _json_bytes(body: bytes, limit: int = 160) -> str:

@@ -1,0 +1,155 @@
+"""The documentation says what the code does.
+
+The configuration reference lists every setting with its variable and default, compared
+with the pydantic models; the README's first screen holds what a newcomer needs, and its
+agent snippet works against a real tool behind a real sidecar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from pydantic.fields import FieldInfo
+
+from sidecar.settings import ENV_PREFIX, RouteSpec, Settings, Tuning
+
+ROOT = Path(__file__).parent.parent
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+README = ROOT / "README.md"
+FIRST_SCREEN_LINES = 60
+# CI and the team run these two lines as they are written.
+README_COMMANDS = (
+    "python3 -m venv .venv && . .venv/bin/activate && pip install . && tool-retry-sidecar demo",
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[dev]' && pytest",
+)
+# Not a key: it collects the settings written on a route, which the settings table lists.
+INTERNAL_ROUTE_FIELDS = {"overrides"}
+
+
+def tables(markdown: str) -> dict[str, dict[str, str]]:
+    """Each table's first two columns (name -> default), under the heading above it."""
+    found: dict[str, dict[str, str]] = {}
+    heading = ""
+    for line in markdown.splitlines():
+        if line.startswith("#"):
+            heading = line.lstrip("#").strip()
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 2 and cells[0].startswith("`"):
+            found.setdefault(heading, {})[cells[0].strip("`")] = cells[1]
+    return found
+
+
+def documented_default(cell: str) -> Any:
+    """A default as the table writes it: `1000`, `0.2`, `full`, `500,502`, none, required."""
+    if cell in ("none", "required"):
+        return cell
+    text = cell.strip("`")
+    if text in ("true", "false"):
+        return text == "true"
+    if re.fullmatch(r"\d+(,\d+)+", text):
+        return frozenset(int(part) for part in text.split(","))
+    if re.fullmatch(r"-?\d+(\.\d+)?", text):
+        return float(text)
+    return text
+
+
+def code_default(field: FieldInfo) -> Any:
+    if field.is_required():
+        return "required"
+    default = field.get_default(call_default_factory=True)
+    if default is None or default == []:
+        return "none"
+    if isinstance(default, bool | str | frozenset):
+        return default
+    if isinstance(default, int | float):
+        return float(default)
+    return str(default)
+
+
+def by_variable(fields: dict[str, FieldInfo]) -> dict[str, Any]:
+    return {ENV_PREFIX + name.upper(): code_default(field) for name, field in fields.items()}
+
+
+def test_every_process_setting_is_documented_with_its_default():
+    documented = tables(CONFIGURATION.read_text(encoding="utf-8"))["Process settings"]
+    process_only = {
+        name: field
+        for name, field in Settings.model_fields.items()
+        if name not in Tuning.model_fields
+    }
+
+    assert {name: documented_default(cell) for name, cell in documented.items()} == by_variable(
+        process_only
+    )
+
+
+def test_every_route_overridable_setting_is_documented_with_its_default():
+    documented = tables(CONFIGURATION.read_text(encoding="utf-8"))[
+        "Retry and repair settings (process-wide, and per route)"
+    ]
+
+    assert {name: documented_default(cell) for name, cell in documented.items()} == by_variable(
+        Tuning.model_fields
+    )
+
+
+def test_every_route_key_is_documented_with_its_default():
+    documented = tables(CONFIGURATION.read_text(encoding="utf-8"))["Routes"]
+    keys = {
+        field.alias or name: code_default(field)
+        for name, field in RouteSpec.model_fields.items()
+        if name not in INTERNAL_ROUTE_FIELDS
+    }
+
+    assert {name: documented_default(cell) for name, cell in documented.items()} == keys
+
+
+def code_blocks(markdown: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", markdown, flags=re.M | re.S)
+
+
+def test_the_readme_first_screen_has_the_commands_an_agent_snippet_and_kubernetes():
+    first_screen = "\n".join(README.read_text(encoding="utf-8").splitlines()[:FIRST_SCREEN_LINES])
+
+    for command in README_COMMANDS:
+        assert f"\n{command}\n" in first_screen
+    [snippet] = code_blocks(first_screen, "python")
+    assert len(snippet.splitlines()) <= 10
+    assert "max_retries=0" in snippet
+    assert "tool-retry-sidecar inject - --image" in first_screen
+
+
+def test_the_quickstart_waits_for_readiness_before_its_first_call():
+    readme = README.read_text(encoding="utf-8")
+    quickstart = next(block for block in code_blocks(readme, "sh") if "serve --upstream" in block)
+
+    started = quickstart.index("tool-retry-sidecar serve")
+    ready = quickstart.index("until curl -sf http://127.0.0.1:9464/readyz")
+    first_call = quickstart.index("curl -i http://127.0.0.1:8090/")
+    assert started < ready < first_call
+
+
+async def test_the_readme_agent_snippet_calls_a_tool_through_the_sidecar(make_tool, make_sidecar):
+    async def weather(request: web.Request) -> web.Response:
+        return web.json_response({"success": True, "data": {"temp_c": 21}})
+
+    tool = await make_tool(weather)
+    sidecar = await make_sidecar(tool)
+    sidecar_url = str(sidecar.client.make_url("")).rstrip("/")
+    snippet = code_blocks(README.read_text(encoding="utf-8"), "python")[0]
+    printed: list[tuple[Any, ...]] = []
+    namespace: dict[str, Any] = {"print": lambda *values: printed.append(values)}
+
+    # The snippet's clients are synchronous: run it beside the loop that serves both.
+    code = snippet.replace('"http://127.0.0.1:8090"', repr(sidecar_url))
+    await asyncio.to_thread(exec, code, namespace)
+
+    assert printed == [(200, "ok", {"success": True, "data": {"temp_c": 21}})]
+    assert [(seen.method, seen.raw_path) for seen in tool.seen] == [("GET", "/weather.json")]
+    client = namespace["client"]
+    assert client.max_retries == 0
+    assert str(client.base_url) == f"{sidecar_url}/v1/"
