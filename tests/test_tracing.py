@@ -279,6 +279,15 @@ def test_an_exporter_or_protocol_not_shipped_is_refused_at_startup(
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError, match=message):
         create_app(load_settings(upstream_url="http://127.0.0.1:9"))
+    checked = subprocess.run(
+        [sys.executable, "-m", "sidecar", "check-config", "--upstream", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 2
+    assert checked.stderr.splitlines() == [checked.stderr.strip()]
+    assert message in checked.stderr
 
 
 async def test_service_name_resource_and_sampler_come_from_the_standard_variables(

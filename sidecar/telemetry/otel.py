@@ -36,21 +36,19 @@ def tracing_exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
         endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT"
         )
-        return ("otlp",) if endpoint else ()
-    exporters = tuple(name.strip() for name in named.split(",") if name.strip())
-    if "none" in exporters:
-        return ()
+        if not endpoint:
+            return ()
+        exporters: tuple[str, ...] = ("otlp",)
+    else:
+        exporters = tuple(name.strip() for name in named.split(",") if name.strip())
+        if "none" in exporters:
+            return ()
     unknown = [name for name in exporters if name not in _EXPORTERS]
     if unknown:
         raise ConfigError(
-            f"OTEL_TRACES_EXPORTER: {', '.join(unknown)} is not one of "
+            f"configuration error: OTEL_TRACES_EXPORTER: {', '.join(unknown)} is not one of "
             f"{', '.join(_EXPORTERS)}, none"
         )
-    return exporters
-
-
-def tracer_provider(environ: Mapping[str, str], exporters: tuple[str, ...]) -> TracerProvider:
-    """A provider exporting through ``exporters`` in batches, sampled as the environment says."""
     protocol = (
         environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -58,15 +56,22 @@ def tracer_provider(environ: Mapping[str, str], exporters: tuple[str, ...]) -> T
     ).strip()
     if "otlp" in exporters and protocol != _PROTOCOL:
         raise ConfigError(
-            f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol} is not supported, only {_PROTOCOL}"
+            f"configuration error: OTEL_EXPORTER_OTLP_PROTOCOL: {protocol} is not supported, "
+            f"only {_PROTOCOL}"
         )
+    return exporters
+
+
+def tracer_provider(exporters: tuple[str, ...]) -> TracerProvider:
+    """A provider exporting through ``exporters`` in batches, sampled as the environment says."""
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError:
         raise ConfigError(
-            "tracing is configured (OTEL_*) but the OpenTelemetry SDK is not installed: "
+            "configuration error: tracing is configured (OTEL_*) but the OpenTelemetry SDK "
+            "is not installed: "
             "install tool-retry-sidecar[otel]"
         ) from None
     resource = Resource.create({"service.version": __version__})
