@@ -123,9 +123,7 @@ class TraceSink(Sink):
         server = state.scratch.get(_SERVER)
         if server is None:
             return
-        span = self._tracer.start_span(
-            "repair", context=trace.set_span_in_context(server), attributes={}
-        )
+        span = self._tracer.start_span("repair", context=trace.set_span_in_context(server))
         span.add_event("validation_feedback.started", {"sidecar.attempt": state.attempt})
         state.scratch[_REPAIR] = span
         state.scratch[_FEEDBACK] = True
