@@ -87,8 +87,12 @@ def _print_to_reader(text: str) -> None:
     try:
         print(text, flush=True)
     except BrokenPipeError:
-        # Python flushes stdout again at exit; point it at nothing so that stays quiet.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _reader_left()
+
+
+def _reader_left() -> None:
+    """Python flushes stdout again at exit; point it at nothing so that stays quiet."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return EXIT_CANNOT_START
+        except BrokenPipeError:
+            _reader_left()  # ``demo | head``: the reader has what it wanted
+            return 0
     try:
         settings = _settings(args)
         # Tracing is configured by the standard OTEL_* variables, checked here as well.
