@@ -4,7 +4,9 @@ FROM python:3.11-slim AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sidecar ./sidecar
-RUN pip wheel --no-cache-dir --wheel-dir /wheels .
+# With the [otel] extra: tracing is switched on by OTEL_* variables alone, no other image;
+# the SDK is loaded only then.
+RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
 
 FROM python:3.11-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \

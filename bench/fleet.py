@@ -40,9 +40,10 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from sidecar.fleet import StateStore
-from sidecar.observe import Hooks, Metrics
+from sidecar.observe import Metrics
 from sidecar.repair.llm import LlmAnswer
 from sidecar.settings import load_settings, resolve_routes
+from sidecar.telemetry import build_hooks
 from tests.processes import RunningSidecar, sidecar_process
 from tests.redis_store import RedisServer
 
@@ -232,7 +233,9 @@ async def memory_rows(store: RedisServer) -> list[list[Any]]:
     cleared.flushall()
     cleared.close()
     settings = load_settings(upstream_url="http://tool", state_url=store.url)
-    state = StateStore.from_settings(settings, Hooks(Metrics(CollectorRegistry())))
+    state = StateStore.from_settings(
+        settings, build_hooks(Metrics(CollectorRegistry()), environ={})
+    )
     assert state is not None
     [route] = resolve_routes(settings)
     view = state.for_route(route)

@@ -12,17 +12,19 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from yarl import URL
 
 from sidecar.engine import Clock, Engine, Sleep
 from sidecar.fleet import StateStore
-from sidecar.observe import Hooks, Metrics, http_server_logger
+from sidecar.observe import Metrics, http_server_logger
 from sidecar.proxy import Proxy
 from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
 from sidecar.routing import RouteTable
 from sidecar.settings import Settings, resolve_routes
+from sidecar.telemetry import Hooks, build_hooks
 from sidecar.upstream import create_session
 
 if TYPE_CHECKING:
@@ -87,7 +89,9 @@ def create_app(
     their own to control time without changing behaviour.
     """
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
-    hooks = Hooks(metrics, access_log=settings.access_log, clock=clock)
+    hooks = build_hooks(
+        metrics, access_log=settings.access_log, clock=clock, llm_model=settings.llm_model
+    )
     route_configs = resolve_routes(settings)
     routes = RouteTable(route_configs)
 
@@ -148,6 +152,8 @@ def create_app(
             await state.close()
         if llm_client is not None:
             await llm_client.close()
+        # Spans still buffered go out now; exporting blocks, so off the event loop.
+        await asyncio.to_thread(hooks.close)
 
     async def forward(request: web.Request) -> web.StreamResponse:
         return await request.app[PROXY].handle(request)
@@ -195,9 +201,14 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     metrics = proxy_app[METRICS]
     lifecycle = proxy_app[LIFECYCLE]
 
-    async def metrics_text(_: web.Request) -> web.Response:
-        response = web.Response(body=generate_latest(metrics.registry))
-        response.headers["Content-Type"] = CONTENT_TYPE_LATEST
+    async def metrics_text(request: web.Request) -> web.Response:
+        # OpenMetrics (which carries exemplars) only for a scraper that asks for it.
+        if "application/openmetrics-text" in request.headers.get("Accept", ""):
+            response = web.Response(body=openmetrics.generate_latest(metrics.registry))
+            response.headers["Content-Type"] = openmetrics.CONTENT_TYPE_LATEST
+        else:
+            response = web.Response(body=generate_latest(metrics.registry))
+            response.headers["Content-Type"] = CONTENT_TYPE_LATEST
         return response
 
     async def healthz(_: web.Request) -> web.Response:

@@ -17,6 +17,7 @@ from sidecar.demo.run import DEMO_SETTINGS, run_demo
 from sidecar.observe import configure_logging
 from sidecar.server import StartupError, serve
 from sidecar.settings import ConfigError, Settings, load_settings, masked, unknown_variables
+from sidecar.telemetry.otel import tracing_exporters
 
 # Bad configuration, or a start that cannot succeed as configured (a port in use).
 EXIT_CANNOT_START = 2
@@ -110,6 +111,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
     try:
         settings = _settings(args)
+        # Tracing is configured by the standard OTEL_* variables, checked here as well.
+        tracing_exporters(os.environ)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return EXIT_CANNOT_START
@@ -126,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("unknown_variable", variable=variable.name, reason=str(variable))
     try:
         _run(serve(settings))
-    except StartupError as exc:
+    except (StartupError, ConfigError) as exc:
         print(exc, file=sys.stderr)
         return EXIT_CANNOT_START
     return 0

@@ -23,12 +23,12 @@ from sidecar.envelopes import inspect, json_document
 from sidecar.errors import AttemptError
 from sidecar.fleet import RouteState, StateStore
 from sidecar.ids import idempotency_key
-from sidecar.observe import Hooks
 from sidecar.policy import Backoff, Limits, Outcome, Wait, plan_cooldown, plan_wait
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
 from sidecar.replay import McpToolHints, mcp_call, safe_to_repeat
 from sidecar.settings import RouteConfig
+from sidecar.telemetry import Hooks
 from sidecar.upstream import Answer, UpstreamRequest, exchange
 from sidecar.waits import requested_wait
 
@@ -333,10 +333,11 @@ class _Run:
         """Send the request once, read what matters of the answer, and judge it."""
         self.attempts += 1
         per_try = min(self.tuning.per_try_timeout_ms / 1000, self.deadline - self.clock())
+        request = self.hooks.attempt_started(self.attempts, self.request)
         started = self.clock()
         result = await exchange(
             self.engine.session,
-            self.request,
+            request,
             per_try,
             self.engine.inspect_limit,
             self.tuning.inspect_timeout_ms / 1000,
@@ -421,6 +422,7 @@ class _Run:
 
     async def _repair(self, attempt: _Attempt) -> Proposal:
         assert attempt.reply is not None and self.payload is not None
+        self.hooks.repair_started(self.route.name)
         proposal = await self.engine.repairs.propose(
             RepairJob(
                 route=self.route.name,
@@ -436,6 +438,7 @@ class _Run:
                 time_left_s=self.deadline - self.clock(),
             )
         )
+        self.hooks.repair_finished(self.route.name, proposal.layer)
         self.llm_repairs_left -= proposal.asked_llm
         return proposal
 

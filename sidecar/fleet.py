@@ -31,8 +31,8 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sidecar.observe import Hooks
 from sidecar.settings import RouteConfig, Settings
+from sidecar.telemetry import Hooks
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

@@ -15,10 +15,11 @@ from aiohttp.http_exceptions import HttpProcessingError
 from sidecar import errors, ids
 from sidecar.controls import request_controls
 from sidecar.engine import Engine, Result
-from sidecar.observe import UNMATCHED_ROUTE, Hooks
+from sidecar.observe import UNMATCHED_ROUTE
 from sidecar.policy import GAVE_UP, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.routing import RouteTable, Target, has_dot_segment
+from sidecar.telemetry import Hooks
 from sidecar.upstream import (
     Answer,
     UpstreamRequest,
@@ -161,7 +162,7 @@ class Proxy:
     ) -> web.StreamResponse:
         started = time.monotonic()
         route = target.route
-        self._hooks.request_received(route.name, request.method)
+        self._hooks.request_received(route.name, request.method, request.headers)
         status, outcome, attempts, trail = 0, "not-retryable", 0, ""
         try:
             bad_header = undeliverable_header(request.headers)

@@ -16,8 +16,8 @@ from aiohttp import web
 from sidecar import __version__
 from sidecar.app import HOOKS, LIFECYCLE, PROXY, create_admin_app, create_app, server_kwargs
 from sidecar.errors import out_of_descriptors
-from sidecar.observe import Hooks
 from sidecar.settings import Settings, resolve_routes
+from sidecar.telemetry import Hooks
 
 # Connections the kernel may queue before the sidecar accepts them. An agent fleet that
 # connects at once overflows aiohttp's default of 128 and sees connects dropped.

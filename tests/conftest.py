@@ -106,7 +106,7 @@ class Sidecar:
 def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """Tests configure the sidecar explicitly; the developer's shell must not leak in."""
     for name in list(os.environ):
-        if name.startswith(("SIDECAR_", "GOMIND_AGENT_", "OPENAI_")):
+        if name.startswith(("SIDECAR_", "GOMIND_AGENT_", "OPENAI_", "OTEL_")):
             monkeypatch.delenv(name)
 
 

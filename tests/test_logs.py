@@ -17,7 +17,9 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from sidecar.credentials import mask_credentials
-from sidecar.observe import CIRCUIT_REFUSALS_INTERVAL_S, Hooks, Metrics
+from sidecar.observe import Metrics
+from sidecar.telemetry import build_hooks
+from sidecar.telemetry.logs import CIRCUIT_REFUSALS_INTERVAL_S
 from tests.conftest import FakeClock, completion, scripted, unused_port
 from tests.processes import clean_env, sidecar_process
 
@@ -294,7 +296,7 @@ async def test_a_plain_not_retryable_answer_is_no_failed_recovery(make_tool, mak
 
 def test_circuit_refusals_are_one_line_per_interval_with_their_count():
     clock = FakeClock()
-    hooks = Hooks(Metrics(CollectorRegistry()), clock=clock)
+    hooks = build_hooks(Metrics(CollectorRegistry()), clock=clock)
 
     with capture_logs() as logs:
         for _ in range(500):

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from sidecar.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
-from sidecar.observe import Hooks
 from sidecar.repair.cache import TtlLru
 from sidecar.repair.payload import fingerprint
 from sidecar.repair.redact import Redactor
+from sidecar.telemetry import Hooks
 
 if TYPE_CHECKING:
     import openai

@@ -10,13 +10,13 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from sidecar.classify import Reply
-from sidecar.observe import Hooks
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
 from sidecar.repair.llm import LlmRepairer, LlmRequest, Refused, check_correction
 from sidecar.repair.payload import Payload, fingerprint
 from sidecar.repair.schemas import SchemaStore
 from sidecar.settings import RepairLevel
+from sidecar.telemetry import Hooks
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,6 +112,22 @@ ten more for the agent to exit and the kubelet to reap.
     - {name: SIDECAR_STATE_TIMEOUT_MS, value: {{ .timeoutMs | quote }}}
     {{- end }}
     {{- end }}
+    {{- with .Values.sidecar.tracing }}
+    {{- if .otlpEndpoint }}
+    - name: POD_NAME
+      valueFrom: {fieldRef: {fieldPath: metadata.name}}
+    - name: POD_NAMESPACE
+      valueFrom: {fieldRef: {fieldPath: metadata.namespace}}
+    - {name: OTEL_EXPORTER_OTLP_ENDPOINT, value: {{ .otlpEndpoint | quote }}}
+    - {name: OTEL_SERVICE_NAME, value: {{ .serviceName | quote }}}
+    - {name: OTEL_TRACES_SAMPLER, value: {{ .sampler | quote }}}
+    {{- if .samplerArg }}
+    - {name: OTEL_TRACES_SAMPLER_ARG, value: {{ .samplerArg | quote }}}
+    {{- end }}
+    - name: OTEL_RESOURCE_ATTRIBUTES
+      value: "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE){{ with .resourceAttributes }},{{ . }}{{ end }}"
+    {{- end }}
+    {{- end }}
     {{- with .Values.sidecar.extraEnv }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -1,0 +1,42 @@
+"""What each stage of a request records, and where: the one place sinks are registered.
+
+A new sink is a module with a ``Sink`` subclass (a method per stage it records, see
+``contract.STAGES``) and one line in ``build_hooks``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+
+from sidecar.observe import Metrics
+from sidecar.telemetry.contract import Hooks, RequestState, Sink
+from sidecar.telemetry.logs import LogSink
+from sidecar.telemetry.metrics import MetricsSink
+from sidecar.telemetry.otel import tracer_provider, tracing_exporters
+
+__all__ = ["Hooks", "RequestState", "Sink", "build_hooks"]
+
+
+def build_hooks(
+    metrics: Metrics,
+    *,
+    access_log: bool = False,
+    clock: Callable[[], float] = time.monotonic,
+    llm_model: str = "",
+    environ: Mapping[str, str] = os.environ,
+) -> Hooks:
+    """The app's hooks: traces when ``OTEL_*`` asks for them, then metrics, then logs.
+
+    Traces come first so the metrics of a stage can carry its span's ids as exemplars.
+    """
+    sinks: list[Sink] = []
+    exporters = tracing_exporters(environ)
+    if exporters:
+        from sidecar.telemetry.traces import TraceSink
+
+        sinks.append(TraceSink(tracer_provider(exporters), llm_model))
+    sinks.append(MetricsSink(metrics))
+    sinks.append(LogSink(access_log=access_log, clock=clock))
+    return Hooks(sinks)

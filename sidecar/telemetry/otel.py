@@ -1,0 +1,89 @@
+"""Whether the standard ``OTEL_*`` variables turn tracing on, and the provider they describe.
+
+Tracing is on when ``OTEL_TRACES_EXPORTER`` names an exporter (``otlp``, ``console``), or
+when it is unset and ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+``OTEL_EXPORTER_OTLP_ENDPOINT`` is. ``OTEL_TRACES_EXPORTER=none`` or
+``OTEL_SDK_DISABLED=true`` keeps it off whatever else is set. Every other setting (the
+endpoint, its headers and timeout, the sampler, the service name, resource attributes, the
+batch sizes) is the SDK's own reading of its own variables.
+
+The SDK is imported only when tracing is on: the sidecar that does not trace does not
+carry it in memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from sidecar import __version__
+from sidecar.settings import ConfigError
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+SERVICE_NAME = "tool-retry-sidecar"
+_EXPORTERS = ("otlp", "console")
+_PROTOCOL = "http/protobuf"
+
+
+def tracing_exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """The exporters the environment asks for; empty when tracing is off."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return ()
+    named = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if not named:
+        endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        if not endpoint:
+            return ()
+        exporters: tuple[str, ...] = ("otlp",)
+    else:
+        exporters = tuple(name.strip() for name in named.split(",") if name.strip())
+        if "none" in exporters:
+            return ()
+    unknown = [name for name in exporters if name not in _EXPORTERS]
+    if unknown:
+        raise ConfigError(
+            f"configuration error: OTEL_TRACES_EXPORTER: {', '.join(unknown)} is not one of "
+            f"{', '.join(_EXPORTERS)}, none"
+        )
+    protocol = (
+        environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or _PROTOCOL
+    ).strip()
+    if "otlp" in exporters and protocol != _PROTOCOL:
+        raise ConfigError(
+            f"configuration error: OTEL_EXPORTER_OTLP_PROTOCOL: {protocol} is not supported, "
+            f"only {_PROTOCOL}"
+        )
+    return exporters
+
+
+def tracer_provider(exporters: tuple[str, ...]) -> TracerProvider:
+    """A provider exporting through ``exporters`` in batches, sampled as the environment says."""
+    try:
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    except ImportError:
+        raise ConfigError(
+            "configuration error: tracing is configured (OTEL_*) but the OpenTelemetry SDK "
+            "is not installed: "
+            "install tool-retry-sidecar[otel]"
+        ) from None
+    resource = Resource.create({"service.version": __version__})
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
+    # The sampler is the SDK's reading of OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG.
+    provider = TracerProvider(resource=resource)
+    for name in exporters:
+        if name == "console":
+            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider
