@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 Result = TypeVar("Result")
 
 # How long the store is left alone after a call failed.
-RETRY_PAUSE_S = 1.0
+RETRY_PAUSE_S = 0.25
 
 # valkey:// speaks the Redis protocol; redis-py knows it by the Redis names.
 _SCHEMES = {"valkey": "redis", "valkeys": "rediss"}
