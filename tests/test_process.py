@@ -115,7 +115,7 @@ async def test_drain_time_running_out_answers_waiting_calls_and_exits_in_time(ai
     app = web.Application()
     app.router.add_post("/hangs", hangs)
     tool = await aiohttp_server(app)
-    drain_s = 1.0
+    drain_s = 3.0
     async with sidecar_process(
         str(tool.make_url("/")), {"SIDECAR_DRAIN_TIMEOUT_MS": str(int(drain_s * 1000))}
     ) as sidecar:
@@ -134,8 +134,8 @@ async def test_drain_time_running_out_answers_waiting_calls_and_exits_in_time(ai
     assert response.status == 504
     assert body["error"]["code"] == "UPSTREAM_TIMEOUT"
     assert body["error"]["details"]["reason"] == "shutdown"
-    # The drain time, then well under a second to answer and stop (0.1 took twice as long).
-    assert exited_after < drain_s + 1.5
+    # The drain time, then a moment to answer and stop; 0.1 took twice the drain time.
+    assert exited_after < drain_s + 2
 
 
 async def test_running_out_of_file_descriptors_is_logged_as_the_sidecars_own_overload():
