@@ -320,6 +320,11 @@ class Hooks:
         if result != "ok":
             self.log.warning("llm_request_failed", result=result)
 
+    def llm_reask(self, route: str, reason: str) -> None:
+        """The model's answer was refused for ``reason``; it is asked again, told why."""
+        self._child(self.metrics.repairs, route, "llm", "reasked").inc()
+        self.log.info("llm_reask", route=route, reason=reason)
+
     def schema_unavailable(self, route: str, reason: str) -> None:
         """A route's schema could not be loaded; the route runs without (or with the last)."""
         self.log.warning("schema_unavailable", route=route, reason=reason)
