@@ -296,11 +296,11 @@ class _Run:
                 level=self.controls.repair,
                 intent=self.controls.intent,
                 tried={sent.fingerprint for sent in self.sent_payloads},
-                llm_calls_left=self.llm_repairs_left,
+                llm_repairs_left=self.llm_repairs_left,
                 time_left_s=self.deadline - self.clock(),
             )
         )
-        self.llm_repairs_left -= proposal.llm_calls
+        self.llm_repairs_left -= proposal.llm_repairs
         return proposal
 
     def _send_repaired(self, attempt: _Attempt, payload: Payload, layer: str) -> Result | None:

@@ -295,3 +295,19 @@ async def test_reasks_and_repairs_share_the_requests_llm_calls(make_tool, make_s
     assert response.status == 404
     assert response.headers["X-Sidecar-Trail"] == "404 repair=llm, 404 repair=none"
     assert len(llm.requests) == 2
+
+
+async def test_a_cached_answer_counts_as_one_of_the_requests_llm_repairs(
+    make_tool, make_sidecar, make_llm
+):
+    tool = await make_tool(location_tool())
+    llm = await make_llm(fix({}, can_fix=False, transient=True))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url, llm_max_repairs=2)
+
+    response = await sidecar.client.post("/w", json={"location": "Atlantis"})
+
+    # Asked once, answered from the cache once; the third failure finds the cap reached.
+    assert response.status == 404
+    assert len(llm.requests) == 1
+    assert len(tool.seen) == 3
+    assert response.headers["X-Sidecar-Trail"].endswith(", 404 repair=none")

@@ -32,7 +32,7 @@ class RepairJob:
     level: RepairLevel
     intent: str | None
     tried: Collection[str]
-    llm_calls_left: int
+    llm_repairs_left: int  # model calls (a cached answer counts as one) it may still use
     time_left_s: float
 
 
@@ -41,7 +41,7 @@ class Proposal:
     payload: Payload | None = None  # a new payload to send
     layer: str | None = None  # the layer that made it
     retry_same: bool = False  # the model judged the failure transient
-    llm_calls: int = 0  # calls to the model it took
+    llm_repairs: int = 0  # of the request's LLM repairs, those it used
 
 
 class Repairs:
@@ -82,7 +82,7 @@ class Repairs:
                 self._hooks.payload_repaired(job.route, "adjustment", changed)
                 return Proposal(job.payload.repaired(adjusted, "adjustment"), "adjustment")
 
-        if job.level != "auto" or self._llm is None or job.llm_calls_left <= 0:
+        if job.level != "auto" or self._llm is None or job.llm_repairs_left <= 0:
             return Proposal()
         asked = await self._llm.repair(
             LlmRequest(
@@ -102,22 +102,25 @@ class Repairs:
                 tried=job.tried,
             ),
             job.time_left_s,
-            job.llm_calls_left,
+            job.llm_repairs_left,
         )
+        # Each model call is one of the request's LLM repairs, and so is a cached answer: the
+        # cap bounds how often the layer is consulted, not only what it costs.
+        used = max(asked.calls, 1)
         answer = asked.answer
         if answer is None:
             if asked.refused is not None:
                 self._hooks.repair_refused(job.route, "llm", asked.refused.kind)
             else:
                 self._hooks.repair_result(job.route, "llm", "failed")
-            return Proposal(llm_calls=asked.calls)
+            return Proposal(llm_repairs=used)
         if answer.corrected is None or not answer.can_fix:
             self._hooks.repair_result(job.route, "llm", "declined")
-            return Proposal(retry_same=answer.is_transient, llm_calls=asked.calls)
+            return Proposal(retry_same=answer.is_transient, llm_repairs=used)
         changed = sorted(
             key
             for key in answer.corrected.keys() | document.keys()
             if answer.corrected.get(key) != document.get(key)
         )
         self._hooks.payload_repaired(job.route, "llm", changed)
-        return Proposal(job.payload.repaired(answer.corrected, "llm"), "llm", llm_calls=asked.calls)
+        return Proposal(job.payload.repaired(answer.corrected, "llm"), "llm", llm_repairs=used)
