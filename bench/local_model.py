@@ -530,8 +530,10 @@ async def run(args: argparse.Namespace) -> int:
             command, env = sidecar_command(args.sidecar_src)
             env["SIDECAR_LLM_BASE_URL"] = recorder_url + "/v1"
             env.setdefault("SIDECAR_LLM_MODEL", "qwen2.5-coder-1.5b-instruct")
-            # One call takes seconds on a CPU; the default 10 s would cut long answers.
-            env.setdefault("SIDECAR_LLM_TIMEOUT_MS", "60000")
+            # A call takes seconds on a CPU, and much longer while the cores are shared: the
+            # defaults (10 s a call, 120 s a request) would measure the machine, not the model.
+            env.setdefault("SIDECAR_LLM_TIMEOUT_MS", "120000")
+            env.setdefault("SIDECAR_REQUEST_TIMEOUT_MS", "600000")
 
             recovered = played_count = llm_total = 0
             started = time.monotonic()
