@@ -474,7 +474,8 @@ def show(played: Played, tool_saw: list[Any], verbose: bool) -> None:
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             content = exchange["answer"].decode(errors="replace")
         if len(exchange["request"]["messages"]) > 2:
-            print(f"      re-asked: {exchange['request']['messages'][-1]['content'][:300]}")
+            reason = " ".join(exchange["request"]["messages"][-1]["content"].split())
+            print(f"      re-asked: {reason[:300]}")
         print(f"      model {number}: {' '.join(str(content).split())[:600]}")
     for number, payload in enumerate(tool_saw, start=1):
         print(f"      tool got {number}: {orjson.dumps(payload).decode()[:300]}")

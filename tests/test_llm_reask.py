@@ -311,3 +311,31 @@ async def test_a_cached_answer_counts_as_one_of_the_requests_llm_repairs(
     assert len(llm.requests) == 1
     assert len(tool.seen) == 3
     assert response.headers["X-Sidecar-Trail"].endswith(", 404 repair=none")
+
+
+async def test_the_models_numbers_written_as_strings_are_coerced_to_the_schema(
+    make_tool, make_sidecar, make_llm, tmp_path: Path
+):
+    point = {"type": "object", "properties": {"lat": {"type": "number"}}}
+    schema = tmp_path / "schema.json"
+    schema.write_text(
+        json.dumps({"type": "object", "required": ["at"], "properties": {"at": point}})
+    )
+
+    async def places(request: web.Request) -> web.Response:
+        if (await request.json()) == {"at": {"lat": 35.68}}:
+            return web.json_response({"success": True})
+        return web.json_response({"detail": "at: expected an object"}, status=422)
+
+    tool = await make_tool(places)
+    llm = await make_llm(fix({"at": {"lat": "35.68"}}))
+    sidecar = await make_sidecar(
+        routes=[{"name": "places", "prefix": "/", "upstream": tool.url, "schema": str(schema)}],
+        llm_base_url=llm.base_url,
+    )
+
+    response = await sidecar.client.post("/places", json={"at": "35.68"})
+
+    assert response.status == 200
+    assert len(llm.requests) == 1
+    assert tool.seen[1].body == b'{"at":{"lat":35.68}}'

@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import Callable, Collection, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -27,6 +27,7 @@ import orjson
 from sidecar.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
 from sidecar.observe import Hooks
 from sidecar.repair.cache import TtlLru
+from sidecar.repair.coercion import coerce
 from sidecar.repair.payload import fingerprint
 from sidecar.repair.redact import Redactor
 
@@ -163,6 +164,7 @@ class LlmRepairer:
             if content is not None:
                 try:
                     answer, written = _parse(content, redactor)
+                    answer, written = _typed(answer, written, request.schema)
                     refused = _refusal(answer, written, request)
                 except Refused as refusal:
                     result, refused = "invalid", refusal
@@ -257,6 +259,19 @@ def _parse(content: str, redactor: Redactor) -> tuple[LlmAnswer, dict[str, Any] 
         corrected=redactor.restore(written) if written is not None else None,
     )
     return answer, written
+
+
+def _typed(
+    answer: LlmAnswer, written: dict[str, Any] | None, schema: dict[str, Any] | None
+) -> tuple[LlmAnswer, dict[str, Any] | None]:
+    """The model's correction with the schema's exact type conversions made, as the agent's
+    payload gets them: a small model often writes a right number as a string."""
+    if schema is None or answer.corrected is None or written is None:
+        return answer, written
+    corrected, changed = coerce(answer.corrected, schema)
+    if not changed:
+        return answer, written
+    return replace(answer, corrected=corrected), coerce(written, schema)[0]
 
 
 def _refusal(
