@@ -49,7 +49,9 @@ Most such errors are fixed by changing the payload: a value in the wrong format 
 time, a phone number, a code), an allowed value in the wrong case or spelling, a number in
 the wrong unit, a field with the wrong name or shape, a required field missing whose value
 the user's request gives. Read the error message, its details and hints, the schema and
-the user's request, and work out the payload the tool wants.
+the user's request, and work out the payload the tool wants. Keep what each value means
+(the same place, amount, date or choice) and change only its form, unless the error shows
+the meaning itself is wrong.
 
 Answer with one JSON object with these keys, in this order:
 - "analysis": one or two plain sentences, no JSON: what is wrong, and the value the tool
