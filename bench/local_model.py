@@ -537,6 +537,7 @@ async def run(args: argparse.Namespace) -> int:
             env.setdefault("SIDECAR_REQUEST_TIMEOUT_MS", "600000")
 
             recovered = played_count = llm_total = 0
+            per_case: dict[str, list[bool]] = {call.name: [] for call in calls}
             started = time.monotonic()
             for round_number in range(1, args.rounds + 1):
                 # A fresh sidecar each round: its answer cache must not carry over.
@@ -562,10 +563,15 @@ async def run(args: argparse.Namespace) -> int:
                         for entry in weather_log.for_request(played.request_id)
                     ]
                     show(played, tool_saw, args.verbose)
+                    per_case[call.name].append(played.recovered)
                     played_count += 1
                     recovered += played.recovered
                     llm_total += played.llm_calls
                 processes.stop(name)
+            if args.rounds > 1:
+                print("per case, over all rounds:")
+                for name, results in per_case.items():
+                    print(f"  {name:<32} {sum(results)}/{len(results)}")
             print(
                 f"recovered {recovered}/{played_count} ({recovered / max(played_count, 1):.0%}), "
                 f"{llm_total} LLM calls, {time.monotonic() - started:.0f} s"

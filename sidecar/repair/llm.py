@@ -4,7 +4,10 @@ The model sees the call's method, route and path, the tool's failure, the payloa
 every secret replaced by a placeholder, the schema when known, the attempt number and the
 agent's intent — never a header. Its answer is one JSON object::
 
-    {"can_fix": true, "analysis": "...", "corrected_payload": {...}, "is_transient": false}
+    {"analysis": "...", "corrected_payload": {...}, "is_transient": false, "can_fix": true}
+
+(the reasoning first, the decision last: a small model that must decide first mostly
+declines, even beside a right payload)
 
 and is refused unless ``corrected_payload`` is a JSON object that is new, fits the schema
 and is at most four times the original's size. A refused answer is not the end: the model
