@@ -434,12 +434,12 @@ class _Run:
                 level=self.controls.repair,
                 intent=self.controls.intent,
                 tried={sent.fingerprint for sent in self.sent_payloads},
-                llm_allowed=self.llm_repairs_left > 0,
+                llm_repairs_left=self.llm_repairs_left,
                 time_left_s=self.deadline - self.clock(),
             )
         )
         self.hooks.repair_finished(self.route.name, proposal.layer)
-        self.llm_repairs_left -= proposal.asked_llm
+        self.llm_repairs_left -= proposal.llm_repairs
         return proposal
 
     def _send_repaired(self, attempt: _Attempt, payload: Payload, layer: str) -> Result | None:

@@ -231,7 +231,7 @@ async def test_request_events_carry_the_path_without_its_query(make_tool, make_s
             "error",
             {"status": 404, "error": "NotFoundError"},
         ),
-        ("not json", "invalid", {"error": "Refused", "reason": "not JSON"}),
+        ("not json", "invalid", {"error": "Refused", "reason": "your answer is not JSON"}),
     ],
     ids=["404", "unusable answer"],
 )
@@ -242,7 +242,10 @@ async def test_llm_failures_say_what_failed(
         return answer()
 
     llm = await make_llm(respond if callable(answer) else answer)
-    sidecar = await make_sidecar(await make_tool(not_found_tool()), llm_base_url=llm.base_url)
+    # One call: a refused answer would otherwise be sent back once, and fail again.
+    sidecar = await make_sidecar(
+        await make_tool(not_found_tool()), llm_base_url=llm.base_url, llm_max_repairs=1
+    )
 
     with capture_logs() as logs:
         await sidecar.client.post("/w", json={"city": "Atlantis"})

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sidecar.classify import Reply
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
-from sidecar.repair.llm import LlmRepairer, LlmRequest, Refused, check_correction
+from sidecar.repair.llm import LlmRepairer, LlmRequest
 from sidecar.repair.payload import Payload, fingerprint
 from sidecar.repair.schemas import SchemaStore
 from sidecar.settings import RepairLevel
@@ -32,7 +32,7 @@ class RepairJob:
     level: RepairLevel
     intent: str | None
     tried: Collection[str]
-    llm_allowed: bool
+    llm_repairs_left: int  # model calls (a cached answer counts as one) it may still use
     time_left_s: float
 
 
@@ -41,7 +41,7 @@ class Proposal:
     payload: Payload | None = None  # a new payload to send
     layer: str | None = None  # the layer that made it
     retry_same: bool = False  # the model judged the failure transient
-    asked_llm: bool = False
+    llm_repairs: int = 0  # of the request's LLM repairs, those it used
 
 
 class Repairs:
@@ -82,13 +82,16 @@ class Repairs:
                 self._hooks.payload_repaired(job.route, "adjustment", changed)
                 return Proposal(job.payload.repaired(adjusted, "adjustment"), "adjustment")
 
-        if job.level != "auto" or self._llm is None or not job.llm_allowed:
+        if job.level != "auto" or self._llm is None or job.llm_repairs_left <= 0:
             return Proposal()
-        answer = await self._llm.answer(
+        asked = await self._llm.repair(
             LlmRequest(
                 method=job.method,
                 route=job.route,
                 path=job.path,
+                path_template=(
+                    self._schemas.path_template(job.route, job.method, job.path) or job.path
+                ),
                 status=job.reply.status,
                 failure=failure,
                 body_text=job.reply.text,
@@ -96,24 +99,28 @@ class Repairs:
                 schema=schema,
                 attempt=job.attempt,
                 intent=job.intent,
+                tried=job.tried,
             ),
             job.time_left_s,
+            job.llm_repairs_left,
         )
+        # Each model call is one of the request's LLM repairs, and so is a cached answer: the
+        # cap bounds how often the layer is consulted, not only what it costs.
+        used = max(asked.calls, 1)
+        answer = asked.answer
         if answer is None:
-            self._hooks.repair_result(job.route, "llm", "failed")
-            return Proposal(asked_llm=True)
-        if not answer.can_fix or answer.corrected is None:
+            if asked.refused is not None:
+                self._hooks.repair_refused(job.route, "llm", asked.refused.kind)
+            else:
+                self._hooks.repair_result(job.route, "llm", "failed")
+            return Proposal(llm_repairs=used)
+        if answer.corrected is None or not answer.can_fix:
             self._hooks.repair_result(job.route, "llm", "declined")
-            return Proposal(retry_same=answer.is_transient, asked_llm=True)
-        try:
-            check_correction(answer.corrected, document, job.tried, schema)
-        except Refused as refusal:
-            self._hooks.repair_refused(job.route, "llm", str(refusal))
-            return Proposal(asked_llm=True)
+            return Proposal(retry_same=answer.is_transient, llm_repairs=used)
         changed = sorted(
             key
             for key in answer.corrected.keys() | document.keys()
             if answer.corrected.get(key) != document.get(key)
         )
         self._hooks.payload_repaired(job.route, "llm", changed)
-        return Proposal(job.payload.repaired(answer.corrected, "llm"), "llm", asked_llm=True)
+        return Proposal(job.payload.repaired(answer.corrected, "llm"), "llm", llm_repairs=used)

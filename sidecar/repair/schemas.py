@@ -66,6 +66,7 @@ async def fetch_document(
 
 @dataclass(frozen=True, slots=True)
 class _Operation:
+    template: str
     pattern: re.Pattern[str]
     literal_segments: int
     body_schema: dict[str, Any]
@@ -86,9 +87,18 @@ class RouteSchema:
         """The JSON Schema for a request body sent as ``method path``, if known."""
         if self._plain is not None:
             return self._plain
+        operation = self._operation(method, path)
+        return operation.body_schema if operation is not None else None
+
+    def path_template(self, method: str, path: str) -> str | None:
+        """The OpenAPI path template (``/items/{id}``) that ``method path`` matched, if any."""
+        operation = self._operation(method, path)
+        return operation.template if operation is not None else None
+
+    def _operation(self, method: str, path: str) -> _Operation | None:
         for operation in self._operations.get(method.lower(), ()):
             if operation.pattern.fullmatch(path):
-                return operation.body_schema
+                return operation
         return None
 
     def _index_openapi(self, document: Mapping[str, Any]) -> None:
@@ -104,6 +114,7 @@ class RouteSchema:
                 for base in base_paths:
                     self._operations.setdefault(method, []).append(
                         _Operation(
+                            base + template,
                             _template_pattern(base + template),
                             template.count("/") - template.count("{"),
                             schema,
@@ -223,6 +234,10 @@ class SchemaStore:
     def body_schema(self, route: str, method: str, path: str) -> dict[str, Any] | None:
         schema = self._schemas.get(route)
         return schema.body_schema(method, path) if schema is not None else None
+
+    def path_template(self, route: str, method: str, path: str) -> str | None:
+        schema = self._schemas.get(route)
+        return schema.path_template(method, path) if schema is not None else None
 
     async def load(
         self, session: aiohttp.ClientSession, timeout_s: float, *, urls_only: bool = False

@@ -30,6 +30,7 @@ STAGES = (
     "repair_refused",
     "repair_finished",
     "llm_request",
+    "llm_reask",
     "schema_unavailable",
     "budget_exhausted",
     "sidecar_overloaded",
@@ -233,6 +234,12 @@ class Hooks:
         state = self._state(_current_route())
         state.llm = LlmCall(result, duration_s, prompt_tokens, completion_tokens, failure)
         self._emit("llm_request", state)
+
+    def llm_reask(self, route: str, reason: str) -> None:
+        """The model's answer was refused for ``reason`` (a kind); it is asked again, told why."""
+        state = self._state(route)
+        state.layer, state.reason = "llm", reason
+        self._emit("llm_reask", state)
 
     def schema_unavailable(self, route: str, reason: str) -> None:
         """A route's schema could not be loaded; the route runs without (or with the last)."""

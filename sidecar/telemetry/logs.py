@@ -110,6 +110,9 @@ class LogSink(Sink):
     def repair_refused(self, state: RequestState) -> None:
         self.log.info("repair_refused", route=state.route, layer=state.layer, reason=state.reason)
 
+    def llm_reask(self, state: RequestState) -> None:
+        self.log.info("llm_reask", route=state.route, reason=state.reason)
+
     def llm_request(self, state: RequestState) -> None:
         """A call that failed is logged with its error's class and the HTTP status it carries."""
         call = state.llm

@@ -58,6 +58,9 @@ class MetricsSink(Sink):
     def repair_refused(self, state: RequestState) -> None:
         self._child(self.metrics.repairs, state.route, state.layer, "failed").inc()
 
+    def llm_reask(self, state: RequestState) -> None:
+        self._child(self.metrics.repairs, state.route, "llm", "reasked").inc()
+
     def llm_request(self, state: RequestState) -> None:
         call = state.llm
         assert call is not None
