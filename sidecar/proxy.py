@@ -11,6 +11,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from sidecar import errors, ids
 from sidecar.controls import request_controls
@@ -101,10 +102,11 @@ class Proxy:
         path = request.rel_url.raw_path
         target = self._routes.match(request.raw_path)
         if target is None:
-            with structlog.contextvars.bound_contextvars(request_id=request_id, path=path):
-                self._hooks.request_finished(
-                    UNMATCHED_ROUTE, request.method, "not-retryable", 404, 0, 0.0, matched=False
-                )
+            tokens = bind_contextvars(request_id=request_id, path=path)
+            self._hooks.request_finished(
+                UNMATCHED_ROUTE, request.method, "not-retryable", 404, 0, 0.0, matched=False
+            )
+            reset_contextvars(**tokens)
             return errors.error_response(
                 errors.NO_ROUTE, _no_route_message(request.method), {"path": request.path}
             )
@@ -119,11 +121,13 @@ class Proxy:
         self._running.add(task)
         self._waiting_for_tool.add(task)
         self._all_done.clear()
+        # Every line logged for this request carries these. Set and reset by token:
+        # structlog's ``bound_contextvars`` first copies the whole context to save it.
+        tokens = bind_contextvars(
+            request_id=request_id, route=target.route.name, method=request.method, path=path
+        )
         try:
-            with structlog.contextvars.bound_contextvars(
-                request_id=request_id, route=target.route.name, method=request.method, path=path
-            ):
-                response = await self._forward(request, target, request_id, task)
+            response = await self._forward(request, target, request_id, task)
         except asyncio.CancelledError:
             if not (self._draining and task in self._waiting_for_tool):
                 raise
@@ -131,6 +135,7 @@ class Proxy:
             task.uncancel()
             response = errors.shutdown_response()
         finally:
+            reset_contextvars(**tokens)
             self._running.discard(task)
             self._waiting_for_tool.discard(task)
             if not self._running:
