@@ -41,7 +41,9 @@ _NOT_FORWARDED_UPSTREAM = frozenset({"host", "content-length", "expect"})
 CONTROL_HEADER_PREFIX = "x-sidecar-"
 
 # aiohttp would add these when absent; a faithful proxy sends only what the agent sent.
-_SKIP_AUTO_HEADERS = ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+_NO_AUTO_HEADERS = CIMultiDict(
+    (name, None) for name in ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
+)
 
 RequestBody = bytes | AsyncIterable[bytes]
 
@@ -55,7 +57,6 @@ def create_session(max_connections: int) -> aiohttp.ClientSession:
         auto_decompress=False,
         cookie_jar=aiohttp.DummyCookieJar(),
         timeout=aiohttp.ClientTimeout(total=None),
-        skip_auto_headers=_SKIP_AUTO_HEADERS,
         raise_for_status=False,
         request_class=_StagedRequest,
     )
@@ -124,7 +125,13 @@ class _StagedConnector(aiohttp.TCPConnector):
 
 class _StagedRequest(aiohttp.ClientRequest):
     """Marks the attempt sent once the request's head is written (aiohttp buffers it to
-    go out with the body; from here on the tool may get the request)."""
+    go out with the body; from here on the tool may get the request), and adds no header
+    of aiohttp's own."""
+
+    def update_auto_headers(self, skip_auto_headers: object) -> None:
+        # The session's ``skip_auto_headers`` did the same, but rebuilt and sorted the
+        # list and copied the request's headers for it on every request (~4% of the CPU).
+        self._skip_auto_headers = _NO_AUTO_HEADERS
 
     async def send(self, conn: Connection) -> aiohttp.ClientResponse:
         response = await super().send(conn)
