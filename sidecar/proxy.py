@@ -95,6 +95,8 @@ class Proxy:
         self._draining = False
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.headers.get("Expect"):
+            await _continue(request)
         request_id = request.headers.get("X-Request-ID") or ids.request_id()
         if has_dot_segment(request.raw_path):
             raise web.HTTPBadRequest(text="path has a '.' or '..' segment")
@@ -271,6 +273,20 @@ class Proxy:
         if self._max_request_bytes and len(head) > self._max_request_bytes:
             return None
         return _StreamedBody(bytes(head), request, self._max_request_bytes, self._client_timeout_s)
+
+
+async def _continue(request: web.BaseRequest) -> None:
+    """What aiohttp's application router does for ``Expect`` before its handler runs: an
+    HTTP/1.1 agent expecting ``100-continue`` is told to send its body; any other
+    expectation cannot be met (417)."""
+    expect = request.headers["Expect"]
+    if request.version != aiohttp.HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the answer's size, for the access log, starts now
+    await request.writer.drain()
 
 
 def _report(result: Result) -> dict[str, str]:
