@@ -24,6 +24,7 @@ from sidecar.upstream import (
     Answer,
     UpstreamRequest,
     end_to_end_headers,
+    read_deadline,
     undeliverable_header,
     upstream_request_headers,
 )
@@ -257,7 +258,7 @@ class Proxy:
         if not request.body_exists:
             return b""
         try:
-            async with asyncio.timeout(self._client_timeout_s):
+            async with read_deadline(request.content, self._client_timeout_s):
                 if declared is not None and declared <= buffer_limit:
                     return await request.content.readexactly(declared)
                 head = bytearray()

@@ -7,8 +7,10 @@ here and nowhere else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from collections.abc import AsyncIterable
+from contextlib import AbstractAsyncContextManager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -312,7 +314,7 @@ async def _inspect(
         return Answer(response, b"", complete=False)
     buffer = bytearray()
     try:
-        async with asyncio.timeout(timeout_s):
+        async with read_deadline(response.content, timeout_s):
             if mode is BodyRead.WHOLE:
                 complete = await _read_up_to(response, limit, buffer)
                 return Answer(response, bytes(buffer), complete, decisive=complete)
@@ -327,6 +329,17 @@ async def _inspect(
         # The agent went away mid-read: the half-read answer must not keep its socket.
         response.close()
         raise
+
+
+def read_deadline(
+    stream: aiohttp.StreamReader, timeout_s: float
+) -> AbstractAsyncContextManager[object]:
+    """A timeout for reading ``stream``, or none when the whole body is already here.
+
+    A small body usually arrives with its head: reading it cannot wait, and arming and
+    cancelling a timer for it cost ~3% of the CPU per request.
+    """
+    return contextlib.nullcontext() if stream.is_eof() else asyncio.timeout(timeout_s)
 
 
 async def _read_first_event(
