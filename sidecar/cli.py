@@ -12,8 +12,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from sidecar import __version__, inject
-from sidecar.demo.run import DEMO_SETTINGS, run_demo
+from sidecar import __version__, inject_args
 from sidecar.observe import configure_logging
 from sidecar.server import StartupError, serve
 from sidecar.settings import ConfigError, Settings, load_settings, masked, unknown_variables
@@ -52,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave the tool and the sidecar up afterwards and print curl lines to try",
     )
-    inject.add_parser(commands)
+    inject_args.add_parser(commands)
     return parser
 
 
@@ -97,9 +96,14 @@ def _reader_left() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(_with_default_command(sys.argv[1:] if argv is None else argv))
+    # Each command loads only what it needs: the served process stays small.
     if args.command == "inject":
+        from sidecar import inject
+
         return inject.run(args)
     if args.command == "demo":
+        from sidecar.demo.run import DEMO_SETTINGS, run_demo
+
         configure_logging(DEMO_SETTINGS["log_level"], "console")
         try:
             return _run(run_demo(sys.stdout, keep_running=args.keep_running))

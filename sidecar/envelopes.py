@@ -13,9 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import brotli
 import orjson
-import zstandard
 
 # A compressed body is inflated for inspection only up to this size: a few hundred KiB of
 # JSON is plenty to judge, and a zip bomb inflates no further.
@@ -87,6 +85,8 @@ def _inflate_zlib(body: bytes, encoding: str) -> bytes | None:
 
 
 def _inflate_brotli(body: bytes) -> bytes | None:
+    import brotli  # loaded with the first br body: most tools never send one
+
     try:
         # The limit stops the output buffer growing; it may overshoot by one step.
         inflated = brotli.Decompressor().process(body, output_buffer_limit=MAX_INFLATED_BYTES)
@@ -96,6 +96,8 @@ def _inflate_brotli(body: bytes) -> bytes | None:
 
 
 def _inflate_zstd(body: bytes) -> bytes | None:
+    import zstandard  # loaded with the first zstd body
+
     decompressor = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
     pieces: list[bytes] = []
     size = 0

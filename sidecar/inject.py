@@ -22,7 +22,6 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from sidecar import __version__
 from sidecar.inject_pod import (
     CONFIG_KEY,
     SIDECAR_NAME,
@@ -47,7 +46,6 @@ from sidecar.settings import ConfigError, load_settings
 
 EXIT_INPUT_ERROR = 1
 EXIT_CONFIG_ERROR = 2
-DEFAULT_IMAGE = f"tool-retry-sidecar:{__version__}"
 WORKLOAD_KINDS = frozenset(
     {"Deployment", "StatefulSet", "DaemonSet", "ReplicaSet", "Job", "CronJob", "Pod"}
 )
@@ -65,69 +63,6 @@ class Outcome:
 
     text: str
     report: list[str] = field(default_factory=list)
-
-
-def add_parser(commands: Any) -> None:
-    """The ``inject`` subcommand's arguments."""
-    description = (
-        "Add the sidecar to every pod template in Kubernetes YAML (a file, or - for standard "
-        "input) and write the result to standard output: "
-        "tool-retry-sidecar inject deploy.yaml | kubectl apply -f -"
-    )
-    parser = commands.add_parser(
-        "inject", help="add the sidecar to Kubernetes manifests", description=description
-    )
-    parser.add_argument(
-        "file",
-        nargs="?",
-        default="-",
-        metavar="FILE",
-        help="manifests to read; - (the default) reads standard input",
-    )
-    parser.add_argument(
-        "--uninject", action="store_true", help="take out everything inject added instead"
-    )
-    parser.add_argument(
-        "--image", default=DEFAULT_IMAGE, help=f"the sidecar's image (default {DEFAULT_IMAGE})"
-    )
-    parser.add_argument(
-        "--no-native",
-        dest="native",
-        action="store_false",
-        help="a plain container instead of a native sidecar (Kubernetes < 1.29)",
-    )
-    parser.add_argument("--upstream", metavar="URL", help="the tool the sidecar fronts")
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument(
-        "--config",
-        metavar="FILE",
-        help="the sidecar's YAML config (routes, settings): emitted as a ConfigMap and mounted",
-    )
-    source.add_argument(
-        "--config-map",
-        metavar="NAME",
-        help=f"an existing ConfigMap whose key {CONFIG_KEY} is the config",
-    )
-    parser.add_argument(
-        "--llm-secret", metavar="NAME/KEY", help="the Secret and key holding the LLM API key"
-    )
-    parser.add_argument(
-        "--agent-env",
-        action="append",
-        default=[],
-        metavar="NAME[=PATH]",
-        help="set this variable of the agent containers to the sidecar's URL (plus PATH, a "
-        "route's prefix; repeatable); without PATH its old value is the default upstream",
-    )
-    parser.add_argument(
-        "--agent-container",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="the agent container (repeatable; default: every container)",
-    )
-    parser.add_argument("--port", type=int, default=8090, metavar="N", help="proxy port")
-    parser.add_argument("--admin-port", type=int, default=9464, metavar="N", help="admin port")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from yarl import URL
 
 from sidecar import __version__
+from sidecar.inject_args import CONFIG_KEY
 from sidecar.inject_yaml import dump, load
 
 SIDECAR_NAME = "tool-retry-sidecar"
@@ -26,7 +27,6 @@ CHECKSUM_ANNOTATION = "tool-retry-sidecar/config-checksum"
 PROXY_PORT_NAME = "sidecar-proxy"
 ADMIN_PORT_NAME = "sidecar-admin"
 CONFIG_DIR = "/etc/tool-retry-sidecar"
-CONFIG_KEY = "sidecar.yaml"
 VOLUME_NAME = "tool-retry-sidecar-config"
 RUN_AS = 10001
 DEFAULT_GRACE_SECONDS = 30

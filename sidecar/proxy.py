@@ -11,6 +11,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from sidecar import errors, ids
 from sidecar.controls import request_controls
@@ -24,6 +25,7 @@ from sidecar.upstream import (
     Answer,
     UpstreamRequest,
     end_to_end_headers,
+    read_deadline,
     undeliverable_header,
     upstream_request_headers,
 )
@@ -95,6 +97,8 @@ class Proxy:
         self._draining = False
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+        if request.headers.get("Expect"):
+            await _continue(request)
         request_id = request.headers.get("X-Request-ID") or ids.request_id()
         if has_dot_segment(request.raw_path):
             raise web.HTTPBadRequest(text="path has a '.' or '..' segment")
@@ -102,10 +106,11 @@ class Proxy:
         path = request.rel_url.raw_path
         target = self._routes.match(request.raw_path)
         if target is None:
-            with structlog.contextvars.bound_contextvars(request_id=request_id, path=path):
-                self._hooks.request_finished(
-                    UNMATCHED_ROUTE, request.method, "not-retryable", 404, 0, 0.0, matched=False
-                )
+            tokens = bind_contextvars(request_id=request_id, path=path)
+            self._hooks.request_finished(
+                UNMATCHED_ROUTE, request.method, "not-retryable", 404, 0, 0.0, matched=False
+            )
+            reset_contextvars(**tokens)
             return errors.error_response(
                 errors.NO_ROUTE, _no_route_message(request.method), {"path": request.path}
             )
@@ -120,11 +125,13 @@ class Proxy:
         self._running.add(task)
         self._waiting_for_tool.add(task)
         self._all_done.clear()
+        # Every line logged for this request carries these. Set and reset by token:
+        # structlog's ``bound_contextvars`` first copies the whole context to save it.
+        tokens = bind_contextvars(
+            request_id=request_id, route=target.route.name, method=request.method, path=path
+        )
         try:
-            with structlog.contextvars.bound_contextvars(
-                request_id=request_id, route=target.route.name, method=request.method, path=path
-            ):
-                response = await self._forward(request, target, request_id, task)
+            response = await self._forward(request, target, request_id, task)
         except asyncio.CancelledError:
             if not (self._draining and task in self._waiting_for_tool):
                 raise
@@ -132,6 +139,7 @@ class Proxy:
             task.uncancel()
             response = errors.shutdown_response()
         finally:
+            reset_contextvars(**tokens)
             self._running.discard(task)
             self._waiting_for_tool.discard(task)
             if not self._running:
@@ -251,7 +259,7 @@ class Proxy:
         if not request.body_exists:
             return b""
         try:
-            async with asyncio.timeout(self._client_timeout_s):
+            async with read_deadline(request.content, self._client_timeout_s):
                 if declared is not None and declared <= buffer_limit:
                     return await request.content.readexactly(declared)
                 head = bytearray()
@@ -267,6 +275,20 @@ class Proxy:
         if self._max_request_bytes and len(head) > self._max_request_bytes:
             return None
         return _StreamedBody(bytes(head), request, self._max_request_bytes, self._client_timeout_s)
+
+
+async def _continue(request: web.BaseRequest) -> None:
+    """What aiohttp's application router does for ``Expect`` before its handler runs: an
+    HTTP/1.1 agent expecting ``100-continue`` is told to send its body; any other
+    expectation cannot be met (417)."""
+    expect = request.headers["Expect"]
+    if request.version != aiohttp.HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the answer's size, for the access log, starts now
+    await request.writer.drain()
 
 
 def _report(result: Result) -> dict[str, str]:

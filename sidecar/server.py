@@ -14,7 +14,15 @@ import structlog
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.app import HOOKS, LIFECYCLE, PROXY, create_admin_app, create_app, server_kwargs
+from sidecar.app import (
+    HOOKS,
+    LIFECYCLE,
+    PROXY,
+    create_admin_app,
+    create_app,
+    proxy_runner_for,
+    running,
+)
 from sidecar.errors import out_of_descriptors
 from sidecar.settings import Settings, resolve_routes
 from sidecar.telemetry import Hooks
@@ -68,49 +76,50 @@ async def serve(settings: Settings) -> None:
     lifecycle = app[LIFECYCLE]
     _report_descriptor_exhaustion(loop, app[HOOKS])
     fd_watch = asyncio.create_task(_watch_descriptors(app[HOOKS]))
-    proxy_runner = web.AppRunner(app, shutdown_timeout=_CUT_GRACE_S, **server_kwargs(settings))
-    admin_runner = web.AppRunner(create_admin_app(app), access_log=None)
-    await proxy_runner.setup()
-    await admin_runner.setup()
-    try:
-        await _listen(
-            admin_runner,
-            settings.admin_host,
-            settings.admin_port,
-            "admin port (SIDECAR_ADMIN_PORT)",
-            "SIDECAR_ADMIN_HOST",
-        )
-        await _listen(
-            proxy_runner,
-            settings.host,
-            settings.port,
-            "proxy port (SIDECAR_PORT)",
-            "SIDECAR_HOST",
-            backlog=ACCEPT_BACKLOG,
-        )
-        lifecycle.ready = True
-        log.info(
-            "sidecar_started",
-            version=__version__,
-            proxy_port=proxy_runner.addresses[0][1],
-            admin_port=admin_runner.addresses[0][1],
-            routes=[route.name for route in resolve_routes(settings)],
-        )
-        await stop.wait()
-        lifecycle.draining = True
-        log.info("shutdown_started", drain_timeout_ms=settings.drain_timeout_ms)
-        for site in list(proxy_runner.sites):
-            await site.stop()
-        await app[PROXY].drain(settings.drain_timeout_ms / 1000)
-    finally:
-        fd_watch.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await fd_watch
-        # The admin app outlives the drain, so /readyz answers 503 while requests finish.
-        await proxy_runner.cleanup()
-        await admin_runner.cleanup()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
+    async with running(app):
+        proxy_runner = proxy_runner_for(app, settings, shutdown_timeout=_CUT_GRACE_S)
+        admin_runner = web.AppRunner(create_admin_app(app), access_log=None)
+        await proxy_runner.setup()
+        await admin_runner.setup()
+        try:
+            await _listen(
+                admin_runner,
+                settings.admin_host,
+                settings.admin_port,
+                "admin port (SIDECAR_ADMIN_PORT)",
+                "SIDECAR_ADMIN_HOST",
+            )
+            await _listen(
+                proxy_runner,
+                settings.host,
+                settings.port,
+                "proxy port (SIDECAR_PORT)",
+                "SIDECAR_HOST",
+                backlog=ACCEPT_BACKLOG,
+            )
+            lifecycle.ready = True
+            log.info(
+                "sidecar_started",
+                version=__version__,
+                proxy_port=proxy_runner.addresses[0][1],
+                admin_port=admin_runner.addresses[0][1],
+                routes=[route.name for route in resolve_routes(settings)],
+            )
+            await stop.wait()
+            lifecycle.draining = True
+            log.info("shutdown_started", drain_timeout_ms=settings.drain_timeout_ms)
+            for site in list(proxy_runner.sites):
+                await site.stop()
+            await app[PROXY].drain(settings.drain_timeout_ms / 1000)
+        finally:
+            fd_watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await fd_watch
+            # The admin app outlives the drain, so /readyz answers 503 while requests finish.
+            await proxy_runner.cleanup()
+            await admin_runner.cleanup()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
     log.info("sidecar_stopped")
 
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AnyHttpUrl,
     BaseModel,
@@ -337,6 +336,8 @@ class _YamlFileSource(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         if not self._path:
             return {}
+        import yaml  # only a config file needs it
+
         path = Path(self._path)
         try:
             document = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import RawTestServer, TestClient, TestServer
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from sidecar.app import create_app, server_kwargs
+from sidecar.app import create_app, proxy_handler, running, server_kwargs
 from sidecar.settings import load_settings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -87,6 +88,7 @@ class Sidecar:
     client: TestClient
     registry: CollectorRegistry
     sleep: Any
+    app: web.Application
 
     def metric(self, name: str, **labels: str) -> float:
         value = self.registry.get_sample_value(name, labels)
@@ -138,31 +140,33 @@ def make_tool(aiohttp_server: Any) -> Callable[..., Awaitable[Tool]]:
 
 
 @pytest.fixture
-def make_sidecar(aiohttp_client: Any) -> Callable[..., Awaitable[Sidecar]]:
+async def make_sidecar(aiohttp_client: Any) -> AsyncIterator[Callable[..., Awaitable[Sidecar]]]:
     """A sidecar app served on loopback, configured from keyword settings."""
+    async with contextlib.AsyncExitStack() as apps:
 
-    async def make(
-        upstream: str | Tool | None = None,
-        *,
-        sleep: Any = None,
-        clock: Any = time.monotonic,
-        **settings: Any,
-    ) -> Sidecar:
-        if isinstance(upstream, Tool):
-            upstream = upstream.url
-        registry = CollectorRegistry()
-        sleep = sleep or RecordingSleep(clock if isinstance(clock, FakeClock) else None)
-        configuration = load_settings(upstream_url=upstream, **settings)
-        app = create_app(configuration, registry=registry, sleep=sleep, clock=clock)
-        # Served as in production; TestServer sets handler_cancellation itself.
-        server = TestServer(app)
-        served_as = server_kwargs(configuration)
-        del served_as["handler_cancellation"]
-        await server.start_server(**served_as)
-        client = await aiohttp_client(server, auto_decompress=False)
-        return Sidecar(client, registry, sleep)
+        async def make(
+            upstream: str | Tool | None = None,
+            *,
+            sleep: Any = None,
+            clock: Any = time.monotonic,
+            **settings: Any,
+        ) -> Sidecar:
+            if isinstance(upstream, Tool):
+                upstream = upstream.url
+            registry = CollectorRegistry()
+            sleep = sleep or RecordingSleep(clock if isinstance(clock, FakeClock) else None)
+            configuration = load_settings(upstream_url=upstream, **settings)
+            app = create_app(configuration, registry=registry, sleep=sleep, clock=clock)
+            await apps.enter_async_context(running(app))
+            # Served as in production; the test server sets handler_cancellation itself.
+            server = RawTestServer(proxy_handler(app))
+            served_as = server_kwargs(configuration)
+            del served_as["handler_cancellation"]
+            await server.start_server(**served_as)
+            client = await aiohttp_client(server, auto_decompress=False)
+            return Sidecar(client, registry, sleep, app)
 
-    return make
+        yield make
 
 
 def scripted(*answers: Callable[[], web.StreamResponse]) -> Handler:

@@ -18,7 +18,7 @@ async def ok(request: web.Request) -> web.Response:
 
 async def test_metrics_and_health_endpoints(make_tool, make_sidecar, aiohttp_client):
     sidecar = await make_sidecar(await make_tool(ok))
-    admin = await aiohttp_client(create_admin_app(sidecar.client.server.app))
+    admin = await aiohttp_client(create_admin_app(sidecar.app))
     await (await sidecar.client.get("/a")).read()
 
     metrics = await admin.get("/metrics")
@@ -111,7 +111,7 @@ async def test_a_garbled_chunked_body_gets_400_and_no_error_log(
 
 async def test_process_metrics_are_exported(make_tool, make_sidecar, aiohttp_client):
     sidecar = await make_sidecar(await make_tool(ok))
-    admin = await aiohttp_client(create_admin_app(sidecar.client.server.app))
+    admin = await aiohttp_client(create_admin_app(sidecar.app))
 
     text = await (await admin.get("/metrics")).text()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import os
@@ -246,3 +247,33 @@ async def test_upstream_connections_are_pooled_across_requests(make_tool, make_s
         await response.read()
 
     assert len({seen.peer for seen in tool.seen}) == 1
+
+
+async def test_an_agent_expecting_100_continue_is_told_to_send_its_body(make_tool, make_sidecar):
+    tool = await make_tool(echo_json)
+    sidecar = await make_sidecar(tool)
+    reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.client.port)
+    body = b'{"city": "Tokyo"}'
+    writer.write(
+        b"POST /weather HTTP/1.1\r\nHost: agent\r\nContent-Type: application/json\r\n"
+        b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    writer.write(body)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    writer.close()
+
+    assert interim == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert head.startswith(b"HTTP/1.1 200 ")
+    assert tool.seen[0].body == body
+    assert "Expect" not in tool.seen[0].headers
+
+
+async def test_an_expectation_other_than_100_continue_is_refused(make_tool, make_sidecar):
+    tool = await make_tool(echo_json)
+    sidecar = await make_sidecar(tool)
+
+    response = await sidecar.client.post("/", data=b"{}", headers={"Expect": "teapot"})
+
+    assert response.status == 417
+    assert tool.seen == []

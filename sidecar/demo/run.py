@@ -9,6 +9,7 @@ reaching the agent unchanged — it never fakes a model.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import signal
 import uuid
@@ -21,7 +22,7 @@ import orjson
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.app import LIFECYCLE, create_admin_app, create_app, server_kwargs
+from sidecar.app import LIFECYCLE, create_admin_app, create_app, proxy_runner_for, running
 from sidecar.demo.tool import API_KEY, ToolLog, create_tool_app
 from sidecar.settings import load_settings
 
@@ -120,7 +121,9 @@ async def run_demo(
         **{**DEMO_SETTINGS, **(settings_overrides or {})},
     )
     sidecar_app = create_app(settings)
-    sidecar_runner = web.AppRunner(sidecar_app, **server_kwargs(settings))
+    started = contextlib.AsyncExitStack()
+    await started.enter_async_context(running(sidecar_app))
+    sidecar_runner = proxy_runner_for(sidecar_app, settings)
     admin_runner = web.AppRunner(create_admin_app(sidecar_app), access_log=None)
     await sidecar_runner.setup()
     await admin_runner.setup()
@@ -157,6 +160,7 @@ async def run_demo(
     finally:
         await sidecar_runner.cleanup()
         await admin_runner.cleanup()
+        await started.aclose()
         await tool_runner.cleanup()
     return 1 if failures else 0
 

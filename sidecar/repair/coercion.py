@@ -18,9 +18,6 @@ import math
 import re
 from typing import Any
 
-import jsonschema
-import referencing.exceptions
-
 from sidecar.repair.jsontext import same
 from sidecar.repair.schemas import BRANCH_INDEX
 
@@ -173,6 +170,10 @@ def _takes(branch: Any, kind: str) -> bool:
 
 def _valid(value: Any, schema: Any) -> bool:
     """Whether ``value`` fits ``schema``; a schema the validator cannot read fits nothing."""
+    # Loaded with the first coercion: a sidecar whose routes have no schema never needs it.
+    import jsonschema
+    import referencing.exceptions
+
     try:
         return bool(jsonschema.Draft202012Validator(schema).is_valid(value))
     except (

@@ -18,7 +18,6 @@ from typing import Any
 
 import aiohttp
 import orjson
-import yaml
 
 # The discriminator member added by ``resolve``: tag → index of the branch it selects.
 BRANCH_INDEX = "x-branch-index"
@@ -35,6 +34,8 @@ def parse_document(text: bytes) -> dict[str, Any]:
     try:
         document = orjson.loads(text)
     except orjson.JSONDecodeError:
+        import yaml  # only a schema written in YAML needs it
+
         try:
             document = yaml.safe_load(text)
         except yaml.YAMLError as exc:
