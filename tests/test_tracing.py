@@ -30,7 +30,7 @@ async def receiver(aiohttp_server, monkeypatch) -> Receiver:
 
 async def exported(sidecar) -> None:
     """Every span ended so far, sent to the receiver (the exporter blocks: off the loop)."""
-    await asyncio.to_thread(sidecar.client.server.app[HOOKS].flush)
+    await asyncio.to_thread(sidecar.app[HOOKS].flush)
 
 
 def unavailable_then_typed():
@@ -193,7 +193,7 @@ async def test_sampled_durations_carry_the_trace_id_in_openmetrics_only(
     receiver, make_tool, make_sidecar, make_llm, aiohttp_client
 ):
     _, sidecar = await recovered_request(make_tool, make_sidecar, make_llm)
-    admin = await aiohttp_client(create_admin_app(sidecar.client.server.app))
+    admin = await aiohttp_client(create_admin_app(sidecar.app))
     server = only_server_span(receiver)
     attempts = [span for span in receiver.spans if span.name == "POST"]
 
