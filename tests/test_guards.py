@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from tests.conftest import unused_port
+from tests.conftest import scripted, unused_port
 
 
 async def test_a_dead_tool_is_left_alone_after_a_few_calls(make_sidecar):
@@ -150,7 +150,7 @@ async def open_agent(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWri
 
 
 async def test_a_body_that_stops_arriving_gets_408_and_a_closed_connection(make_tool, make_sidecar):
-    tool = await make_tool(lambda request: web.json_response({}))
+    tool = await make_tool(scripted(lambda: web.json_response({})))
     sidecar = await make_sidecar(tool, client_timeout_ms=300)
     reader, writer = await open_agent(sidecar.client.port)
     writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5000000\r\n\r\nabc")
@@ -166,7 +166,7 @@ async def test_a_body_that_stops_arriving_gets_408_and_a_closed_connection(make_
 
 async def test_a_request_head_that_never_ends_gets_its_connection_closed(make_tool, make_sidecar):
     sidecar = await make_sidecar(
-        await make_tool(lambda request: web.json_response({})), client_timeout_ms=300
+        await make_tool(scripted(lambda: web.json_response({}))), client_timeout_ms=300
     )
     reader, writer = await open_agent(sidecar.client.port)
     writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: ")

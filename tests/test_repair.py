@@ -644,3 +644,27 @@ async def test_schema_from_a_url_and_a_broken_schema(make_tool, make_sidecar, tm
     assert bad.status == 200 and orjson.loads(tool.seen[2].body) == {"lat": "1.5"}
     unavailable = {entry["route"] for entry in logs if entry["event"] == "schema_unavailable"}
     assert unavailable == {"bad", "gone"}
+
+
+async def test_a_top_level_array_is_coerced_before_it_reaches_the_tool(
+    make_tool, make_sidecar, tmp_path
+):
+    async def accept(request: web.Request) -> web.Response:
+        return web.json_response({"success": True})
+
+    tool = await make_tool(accept)
+    schema = tmp_path / "schema.json"
+    item = {"type": "object", "properties": {"n": {"type": "integer"}, "big": {"type": "integer"}}}
+    schema.write_text(json.dumps({"type": "array", "items": item}))
+    sidecar = await make_sidecar(
+        routes=[{"name": "batch", "prefix": "/", "upstream": tool.url, "schema": str(schema)}]
+    )
+
+    body = b'[{"n": "5", "big": 123456789012345678901234}, {"n": 1}]'
+    response = await sidecar.client.post(
+        "/batch", data=body, headers={"Content-Type": "application/json"}
+    )
+
+    assert response.status == 200
+    assert response.headers["X-Sidecar-Repaired"] == "coercion"
+    assert tool.seen[0].body == b'[{"n": 5, "big": 123456789012345678901234}, {"n": 1}]'

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.conftest import unused_port
+from tests.conftest import scripted, unused_port
 from tests.rawhttp import raw_tool, read_request_head
 
 OK_RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -303,7 +303,7 @@ async def test_the_tools_own_should_retry_header_stays_on_success_and_is_overrul
 
 
 async def test_the_idempotency_key_can_be_turned_off(make_tool, make_sidecar):
-    tool = await make_tool(lambda request: web.json_response({}))
+    tool = await make_tool(scripted(lambda: web.json_response({})))
     sidecar = await make_sidecar(tool, idempotency_header="off")
 
     await sidecar.client.post("/", json={})

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.conftest import unused_port
+from tests.conftest import scripted, unused_port
 from tests.rawhttp import raw_exchange, raw_tool, read_request_head, reply_then
 
 
@@ -118,7 +118,7 @@ async def test_streamed_answer_cut_by_the_tool_is_cut_for_the_agent_too(make_sid
 async def test_declared_body_over_the_hard_limit_gets_413_without_reaching_the_tool(
     make_tool, make_sidecar
 ):
-    tool = await make_tool(lambda request: web.json_response({}))
+    tool = await make_tool(scripted(lambda: web.json_response({})))
     sidecar = await make_sidecar(tool, max_body_bytes=1024, max_request_bytes=4096)
 
     response = await sidecar.client.post("/", data=os.urandom(8192))

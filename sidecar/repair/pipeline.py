@@ -55,26 +55,33 @@ class Repairs:
         if level == "off":
             return payload
         schema = self._schemas.body_schema(route, method, path)
-        if schema is None or payload.document is None:
+        value = payload.value
+        if schema is None or value is None:
             return payload
-        coerced, changed = coerce(payload.document, schema)
+        coerced, changed = coerce(value, schema)
         if not changed:
             return payload
         self._hooks.payload_repaired(route, "coercion", changed)
         return payload.repaired(coerced, "coercion")
 
     async def propose(self, job: RepairJob) -> Proposal:
-        document = job.payload.document
-        if job.level == "off" or document is None:
+        value = job.payload.value
+        if job.level == "off" or value is None:
             return Proposal()
         schema = self._schemas.body_schema(job.route, job.method, job.path)
         failure = job.reply.failure
 
         if schema is not None:
-            coerced, changed = coerce(document, schema)
+            coerced, changed = coerce(value, schema)
             if changed and fingerprint(coerced) not in job.tried:
                 self._hooks.payload_repaired(job.route, "coercion", changed)
                 return Proposal(job.payload.repaired(coerced, "coercion"), "coercion")
+
+        # The tool's suggestions and the model work on a JSON object (a top-level array is
+        # coerced, nothing more).
+        document = job.payload.document
+        if document is None:
+            return Proposal()
 
         if failure is not None:
             adjusted, changed = adjust(document, failure)
