@@ -220,7 +220,8 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     async def metrics_text(request: web.Request) -> web.Response:
         # OpenMetrics (which carries exemplars) only for a scraper that asks for it.
         if "application/openmetrics-text" in request.headers.get("Accept", ""):
-            response = web.Response(body=openmetrics.generate_latest(metrics.registry))
+            text = openmetrics.generate_latest(metrics.registry)  # type: ignore[no-untyped-call]
+            response = web.Response(body=text)
             response.headers["Content-Type"] = openmetrics.CONTENT_TYPE_LATEST
         else:
             response = web.Response(body=generate_latest(metrics.registry))

@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo":
         from sidecar.demo.run import DEMO_SETTINGS, run_demo
 
-        configure_logging(DEMO_SETTINGS["log_level"], "console")
+        configure_logging(str(DEMO_SETTINGS["log_level"]), "console")
         try:
             return _run(run_demo(sys.stdout, keep_running=args.keep_running))
         except ConfigError as exc:

@@ -89,7 +89,9 @@ def _inflate_brotli(body: bytes) -> bytes | None:
 
     try:
         # The limit stops the output buffer growing; it may overshoot by one step.
-        inflated = brotli.Decompressor().process(body, output_buffer_limit=MAX_INFLATED_BYTES)
+        inflated: bytes = brotli.Decompressor().process(
+            body, output_buffer_limit=MAX_INFLATED_BYTES
+        )
     except brotli.error:
         return None
     return inflated[:MAX_INFLATED_BYTES]

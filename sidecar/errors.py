@@ -52,8 +52,8 @@ class AttemptError(enum.Enum):
         return self in (AttemptError.POOL_TIMEOUT, AttemptError.NO_FDS)
 
 
-def out_of_descriptors(exc: BaseException) -> bool:
-    """Whether ``exc`` says the process (or the system) has no file descriptor left."""
+def out_of_descriptors(exc: object) -> bool:
+    """Whether ``exc`` (an exception, or anything) says no file descriptor is left."""
     return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
 
 

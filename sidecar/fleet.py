@@ -195,7 +195,12 @@ class RouteState:
 
     async def cached(self, key: str) -> bytes | None:
         """A repair answer some replica stored under ``key``."""
-        return await self._store.call("cache_read", lambda client: client.get(self._cache_key(key)))
+
+        async def read(client: Redis) -> bytes | None:
+            value = await client.get(self._cache_key(key))
+            return value.encode() if isinstance(value, str) else value
+
+        return await self._store.call("cache_read", read)
 
     async def cache(self, key: str, value: bytes, ttl_s: float) -> None:
         seconds = max(1, math.ceil(ttl_s))

@@ -22,8 +22,8 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
 
+from sidecar.inject_args import CONFIG_KEY
 from sidecar.inject_pod import (
-    CONFIG_KEY,
     SIDECAR_NAME,
     InjectError,
     Sidecar,

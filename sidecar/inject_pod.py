@@ -251,7 +251,7 @@ def _upstream_from_agents(agents: list[Any], sidecar: Sidecar) -> str | None:
 def _container(
     sidecar: Sidecar, upstream: str | None, drain_seconds: int, volume: str | None
 ) -> CommentedMap:
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "SIDECAR_HOST", "value": "127.0.0.1"},
         {"name": "SIDECAR_PORT", "value": str(sidecar.port)},
         {"name": "SIDECAR_ADMIN_HOST", "value": "0.0.0.0"},
@@ -303,7 +303,8 @@ def _container(
     }
     if volume:
         container["volumeMounts"] = [{"name": volume, "mountPath": CONFIG_DIR, "readOnly": True}]
-    return _commented(container)
+    commented: CommentedMap = _commented(container)
+    return commented
 
 
 def _probe(path: str, **timing: int) -> dict[str, Any]:
@@ -312,7 +313,7 @@ def _probe(path: str, **timing: int) -> dict[str, Any]:
 
 def _drain_seconds(spec: Any, sidecar: Sidecar) -> int:
     """The drain, fitted inside the pod's grace period with room for the kubelet."""
-    grace = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
+    grace: int = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
     spare = grace - GRACE_MARGIN_SECONDS - (0 if sidecar.native else PRESTOP_SLEEP_SECONDS)
     return max(1, min(DRAIN_SECONDS, spare))
 

@@ -36,7 +36,7 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         # ``*_created`` series double every counter's size and no dashboard reads them.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated upstream
         self.registry = registry
         # process_* (memory, open fds, CPU) and python_info, as every Python exporter has.
         ProcessCollector(registry=registry)
@@ -212,6 +212,9 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
     masked in each; libraries speak from WARNING up whatever the level.
     """
     stream = stream or sys.stdout
+    # A line that cannot be written (stdout closed under ``| head``) is dropped, not
+    # reported with a traceback on stderr.
+    logging.raiseExceptions = False
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

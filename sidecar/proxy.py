@@ -179,7 +179,7 @@ class Proxy:
             try:
                 body = await self._read_request_body(request, route.tuning.max_body_bytes)
             except _ClientTooSlow:
-                response = errors.client_timeout_response()
+                response: web.StreamResponse = errors.client_timeout_response()
                 status = response.status
                 return response
             if body is None:

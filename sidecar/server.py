@@ -42,7 +42,7 @@ class StartupError(Exception):
 
 
 async def _listen(
-    runner: web.AppRunner, host: str, port: int, role: str, host_variable: str, **site: Any
+    runner: web.BaseRunner, host: str, port: int, role: str, host_variable: str, **site: Any
 ) -> None:
     """Listen on ``host``:``port`` for ``role``, or say in one line why that is impossible."""
     try:

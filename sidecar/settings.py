@@ -275,7 +275,11 @@ class Settings(Tuning, BaseSettings):
         """The file's routes plus the ``default`` route made from ``upstream_url``."""
         specs = list(self.routes)
         if self.upstream_url is not None:
-            specs.append(RouteSpec(name=DEFAULT_ROUTE_NAME, upstream=self.upstream_url))
+            specs.append(
+                RouteSpec.model_validate(
+                    {"name": DEFAULT_ROUTE_NAME, "upstream": self.upstream_url}
+                )
+            )
         return specs
 
     @classmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from email.utils import parsedate_to_datetime
 from typing import Any
 
@@ -27,13 +27,14 @@ def requested_wait(
     headers: Mapping[str, str], failure: ToolFailure | None, now: float
 ) -> float | None:
     """The wait in seconds the answer asks for, ``now`` being the Unix time."""
-    for reader in (
+    readers: tuple[Callable[[], float | None], ...] = (
         lambda: retry_after_seconds(headers.get("Retry-After"), now),
         lambda: reset_seconds(headers.get("RateLimit-Reset"), now),
         lambda: reset_seconds(headers.get("X-RateLimit-Reset"), now),
         lambda: duration_seconds(failure.retry_after) if failure else None,
         lambda: milliseconds(failure.suggested_delay_ms) if failure else None,
-    ):
+    )
+    for reader in readers:
         wait = reader()
         if wait is not None:
             return wait

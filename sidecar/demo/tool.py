@@ -50,7 +50,9 @@ class ToolLog:
         return [entry for entry in self.seen if entry.request_id == request_id]
 
 
-def _failure(status: int, code: str, message: str, category: str, retryable: bool, **details: Any):
+def _failure(
+    status: int, code: str, message: str, category: str, retryable: bool, **details: Any
+) -> web.Response:
     body = {
         "success": False,
         "error": {
@@ -75,7 +77,7 @@ def create_tool_app() -> tuple[web.Application, ToolLog]:
     @web.middleware
     async def record(request: web.Request, handler: Any) -> web.StreamResponse:
         body = await request.read()
-        response = await handler(request)
+        response: web.StreamResponse = await handler(request)
         log.seen.append(
             Seen(
                 request.headers.get("X-Request-ID", ""),
@@ -88,7 +90,7 @@ def create_tool_app() -> tuple[web.Application, ToolLog]:
         return response
 
     def attempt_of(request: web.Request) -> int:
-        key = request.headers.get("Idempotency-Key") or request.headers.get("X-Request-ID", "")
+        key = request.headers.get("Idempotency-Key") or request.headers.get("X-Request-ID") or ""
         attempts_per_payload[key] += 1
         return attempts_per_payload[key]
 

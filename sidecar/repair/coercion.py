@@ -142,7 +142,9 @@ def _discriminated(value: Any, schema: dict[str, Any], branches: list[Any]) -> A
     if not isinstance(discriminator, dict) or not isinstance(value, dict):
         return None
     name = discriminator.get("propertyName")
-    tag = value.get(name) if isinstance(name, str) else None
+    if not isinstance(name, str):
+        return None
+    tag = value.get(name)
     if not isinstance(tag, str):
         return None
     index = _mapping(discriminator.get(BRANCH_INDEX)).get(tag)

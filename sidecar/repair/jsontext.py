@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from json.decoder import scanstring
+from json.decoder import scanstring  # type: ignore[attr-defined]  # typeshed omits it
 from typing import Any
 
 # Changes nested deeper than this are re-serialised from their container down.

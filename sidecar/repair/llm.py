@@ -36,6 +36,7 @@ from sidecar.telemetry import Hooks
 
 if TYPE_CHECKING:
     import openai
+    from openai.types.chat import ChatCompletionMessageParam
 
     from sidecar.fleet import RouteState
 
@@ -174,7 +175,7 @@ class LlmRepairer:
         if cached is not None and _refusal(cached, None, request) is None:
             return LlmOutcome(cached, calls=0)
         redactor = Redactor()
-        messages = [
+        messages: list[ChatCompletionMessageParam] = [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": _prompt(request, redactor)},
         ]
@@ -183,10 +184,10 @@ class LlmRepairer:
         shared_key = orjson.dumps(cache_key).decode()
         stored = await shared.cached(shared_key) if shared is not None else None
         if stored is not None:
-            answer = LlmAnswer.from_json(stored).restored(redactor)
-            if _refusal(answer, None, request) is None:
-                self._cache.put(cache_key, answer)
-                return LlmOutcome(answer, calls=0)
+            remembered = LlmAnswer.from_json(stored).restored(redactor)
+            if _refusal(remembered, None, request) is None:
+                self._cache.put(cache_key, remembered)
+                return LlmOutcome(remembered, calls=0)
         deadline = time.monotonic() + time_left_s
         calls = 0
         refused: Refused | None = None
@@ -217,7 +218,7 @@ class LlmRepairer:
                     as_written = LlmAnswer(answer.can_fix, answer.is_transient, written)
                     await shared.cache(shared_key, as_written.to_json(), _CACHE_TTL_S)
                 return LlmOutcome(answer, calls)
-            if refused is None or calls >= max_calls:
+            if refused is None or content is None or calls >= max_calls:
                 break  # no answer to correct (an error, a timeout), or no call left
             self._hooks.llm_reask(request.route, refused.kind)
             # The model's own answer, then the reason it was refused, as the next turns.
@@ -226,7 +227,7 @@ class LlmRepairer:
         return LlmOutcome(None, calls, refused)
 
     async def _complete(
-        self, messages: list[dict[str, str]], time_left_s: float
+        self, messages: list[ChatCompletionMessageParam], time_left_s: float
     ) -> tuple[str, str | None, Any, BaseException | None]:
         """One chat completion: its result (``ok``, ``error``, ``timeout``, ``invalid``),
         its content when there is one, the usage it reported, and what failed."""
@@ -237,7 +238,7 @@ class LlmRepairer:
                 async with self._slots:
                     completion = await self._client.chat.completions.create(
                         model=self._model,
-                        messages=messages,  # type: ignore[arg-type]
+                        messages=messages,
                         temperature=0.1,
                         response_format={"type": "json_object"},
                     )

@@ -157,7 +157,8 @@ def _json_body_schema(operation: Any, document: Mapping[str, Any]) -> dict[str, 
         if "json" in str(media_type) and isinstance(media, dict):
             schema = media.get("schema")
             if isinstance(schema, dict):
-                return resolve(schema, document)
+                resolved = resolve(schema, document)
+                return resolved if isinstance(resolved, dict) else None
     return None
 
 
