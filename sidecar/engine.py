@@ -282,10 +282,7 @@ class _Run:
         self.trail.append(f"cooldown={_seconds(cooldown_s)} stop={plan.value}")
         if last is None:
             return Result(Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=cooldown_s)
-        result = self._result(plan, last)
-        if result.answer is None and result.error is None:
-            result.circuit_open_for_s = cooldown_s  # the answer streamed on and is gone
-        return result
+        return self._result(plan, last, paused_for_s=cooldown_s)
 
     async def _loop(self, ticket: Ticket) -> tuple[Result, _Attempt]:
         """Attempts until one step ends the request; the result and the last attempt."""
@@ -299,10 +296,8 @@ class _Run:
             if not self.guards.circuit.allows_more(ticket):
                 # The circuit opened meanwhile: what this request has is what it returns.
                 self.trail.append("circuit_open")
-                result = self._result(_stopped_by(attempt), attempt)
-                if result.answer is None and result.error is None:
-                    result.circuit_open_for_s = self.guards.circuit.open_for_s()
-                return result, attempt
+                open_for_s = self.guards.circuit.open_for_s()
+                return self._result(_stopped_by(attempt), attempt, open_for_s), attempt
             refused = await self._wait_out_cooldown(attempt)
             if refused is not None:
                 return refused, attempt
@@ -498,10 +493,20 @@ class _Run:
         self.trail.append(f"{attempt.label} {note}" if note else attempt.label)
         return self._result(outcome, attempt)
 
-    def _result(self, outcome: Outcome, last: _Attempt) -> Result:
+    def _result(
+        self, outcome: Outcome, last: _Attempt, paused_for_s: float | None = None
+    ) -> Result:
+        """The request's result; ``paused_for_s`` is how long the tool is not to be called,
+        said as ``CIRCUIT_OPEN`` only when there is no answer of the tool's to give (the
+        last one streamed on and is gone)."""
         error = last.result if isinstance(last.result, AttemptError) else None
         layers = self.answered_payload.layers if self.answered_payload is not None else ()
-        return Result(outcome, self.attempts, self.trail, self.last_answer, error, repaired=layers)
+        result = Result(
+            outcome, self.attempts, self.trail, self.last_answer, error, repaired=layers
+        )
+        if paused_for_s is not None and self.last_answer is None and error is None:
+            result.circuit_open_for_s = paused_for_s
+        return result
 
 
 _NOT_CONNECTED = (AttemptError.CONNECT, AttemptError.CONNECT_TIMEOUT)
