@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 
 from sidecar.envelopes import ToolFailure
+from sidecar.policy import GAVE_UP, Outcome
 from sidecar.telemetry.contract import RequestState, Sink
 
 # An open circuit refuses every request at once: one line per route per interval, with
@@ -18,9 +19,6 @@ _CIRCUIT_CLOSED = 0
 
 # Saturation can repeat thousands of times a second; one line per this many seconds says it.
 _OVERLOAD_LOG_INTERVAL_S = 10.0
-
-# Outcomes in which the sidecar stopped trying while the tool was still failing.
-GAVE_UP = frozenset({"exhausted", "unreachable", "budget-exhausted", "deadline"})
 
 
 class _Throttle:
@@ -177,7 +175,12 @@ class LogSink(Sink):
         tried_to_recover = attempts > 1 or trail.endswith("repair=none")
         if outcome == "recovered":
             self.log.info("recovery_succeeded", trail=trail, **fields)
-        elif attempts and (outcome in GAVE_UP or (outcome == "not-retryable" and tried_to_recover)):
+        elif (
+            attempts
+            and outcome in GAVE_UP
+            # "not-retryable" on a first answer is the tool's verdict, not a failed recovery.
+            and (outcome != Outcome.NOT_RETRYABLE or tried_to_recover)
+        ):
             self.log.info("recovery_failed", trail=trail, **fields)
         emit = self.log.info if self._access_log else self.log.debug
         emit("request_done", **fields)
