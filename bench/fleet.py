@@ -14,7 +14,9 @@ Four parts, the first two without and then with ``SIDECAR_STATE_URL``:
 * rate limit — each sidecar gets a call every ``--every-ms`` for ``--seconds``; the tool takes
   ``QUOTA`` calls, then answers ``429 Retry-After: 1`` and cools down for that second.
   Counted: calls that reached the tool while it was cooling down (the 429 that started a
-  cooldown is not one of them), per cooldown.
+  cooldown is not one of them), per cooldown, and how far into its cooldown the latest of
+  them arrived: a call that lands a few milliseconds in was already on its way before the
+  429 that started the cooldown could reach any sidecar.
 * repair — ``--failures`` distinct payloads the tool rejects and the model repairs; each
   is sent to every sidecar in turn. Counted: model calls per identical failure.
 * memory — ``MEMORY USAGE`` of each kind of key one route writes, on the same server.
@@ -61,11 +63,14 @@ class Tool:
     cooling_until: float = 0.0
     cooldowns: int = 0
     during_cooldown: list[int] = field(default_factory=list)
+    # How far into its cooldown each call that landed in one arrived, in seconds.
+    arrived_into: list[float] = field(default_factory=list)
 
     async def rate_limited(self, _: web.Request) -> web.Response:
         now = time.monotonic()
         if now < self.cooling_until:
             self.during_cooldown[-1] += 1
+            self.arrived_into.append(now - (self.cooling_until - COOLDOWN_S))
             return _too_many(self.cooling_until - now)
         if self.taken >= QUOTA:
             self.taken = 0
@@ -310,6 +315,7 @@ async def main() -> None:
                         sum(tool.during_cooldown),
                         f"{sum(tool.during_cooldown) / max(tool.cooldowns, 1):.1f}",
                         max(tool.during_cooldown, default=0),
+                        f"{max(tool.arrived_into, default=0) * 1000:.1f}",
                         int(errors),
                         options.failures,
                         f"{llm_calls / options.failures:.2f}",
@@ -323,6 +329,7 @@ async def main() -> None:
                         "tool calls in cooldowns",
                         "per cooldown",
                         "most in one",
+                        "latest, ms into it",
                         "store errors",
                         "identical failures",
                         "LLM calls per failure",

@@ -112,7 +112,7 @@ def create_app(
                 session, SCHEMA_FETCH_TIMEOUT_S, settings.schema_refresh_ms / 1000
             )
         )
-        state = StateStore.from_settings(settings, hooks)
+        state = StateStore.from_settings(settings, hooks, clock)
         llm_client = llm_client_for(settings)
         repairer = (
             LlmRepairer(

@@ -14,7 +14,8 @@ The route's name is the Redis Cluster hash tag (``{route}``), so every key one r
 touches lives in one slot and each exchange is one pipelined round trip.
 
 The store may never be a new way to fail: every call is bounded by ``SIDECAR_STATE_TIMEOUT_MS``
-and any failure (slow, down, auth refused) answers "nothing known", counts
+and any failure (slow, down, auth refused) answers "nothing known" beyond the cooldowns
+the process has learned itself and not yet seen end, counts
 ``sidecar_state_errors_total{op}`` and is logged at most once per interval. After a failure
 the store is left alone for ``RETRY_PAUSE_S`` so that a dead store costs one timeout per
 pause, not one per request; redis-py's pool reconnects on the next call after that.
@@ -41,6 +42,9 @@ Result = TypeVar("Result")
 
 # How long the store is left alone after a call failed.
 RETRY_PAUSE_S = 0.25
+
+# Paths whose cooldown one process keeps in mind at most: paths come from agents.
+MAX_KNOWN_PATHS = 1024
 
 # valkey:// speaks the Redis protocol; redis-py knows it by the Redis names.
 _SCHEMES = {"valkey": "redis", "valkeys": "rediss"}
@@ -71,7 +75,9 @@ class StateStore:
         self._paused_until = 0.0
 
     @classmethod
-    def from_settings(cls, settings: Settings, hooks: Hooks) -> StateStore | None:
+    def from_settings(
+        cls, settings: Settings, hooks: Hooks, clock: Callable[[], float] = time.monotonic
+    ) -> StateStore | None:
         """The store ``SIDECAR_STATE_URL`` names, or ``None`` when it is unset."""
         if settings.state_url is None:
             return None
@@ -89,13 +95,15 @@ class StateStore:
             # One try per call: the sidecar's own pause decides when the store is tried again.
             retry=Retry(NoBackoff(), 0),
         )
-        return cls(client, prefix=settings.state_prefix, timeout_s=timeout_s, hooks=hooks)
+        return cls(
+            client, prefix=settings.state_prefix, timeout_s=timeout_s, hooks=hooks, clock=clock
+        )
 
     def for_route(self, route: RouteConfig) -> RouteState | None:
         """The route's view of the store, or ``None`` when the route keeps its state local."""
         if not route.shared_state:
             return None
-        return RouteState(self, f"{self._prefix}{{{route.name}}}:")
+        return RouteState(self, f"{self._prefix}{{{route.name}}}:", self._clock)
 
     def by_route(self, routes: Iterable[RouteConfig]) -> dict[str, RouteState]:
         """The view of each route that shares its state, by route name."""
@@ -120,11 +128,19 @@ class StateStore:
 
 
 class RouteState:
-    """One route's keys in the fleet store."""
+    """One route's keys in the fleet store, and the cooldowns this process knows of.
 
-    def __init__(self, store: StateStore, key_prefix: str) -> None:
+    A cooldown this process published or read is kept in mind until it ends: while it
+    lasts no store read is needed, and a store that is slow or gone at that moment (a
+    rate-limited fleet is a busy one) does not make the process forget it.
+    """
+
+    def __init__(self, store: StateStore, key_prefix: str, clock: Callable[[], float]) -> None:
         self._store = store
         self._key = key_prefix
+        self._clock = clock
+        # When each known cooldown ends, on ``clock``, by path; ``None`` is the whole route.
+        self._known_until: dict[str | None, float] = {}
 
     def _cooldown_keys(self, path: str | None) -> list[str]:
         route_key = self._key + "cooldown"
@@ -132,6 +148,8 @@ class RouteState:
 
     async def cooldown_s(self, path: str) -> float:
         """Seconds until the tool takes calls to ``path`` again, as the fleet knows it."""
+        if (known_s := self._known_s(path)) > 0:
+            return known_s
 
         async def read(client: Redis) -> list[int]:
             pipe = client.pipeline(transaction=False)
@@ -140,16 +158,25 @@ class RouteState:
             return await pipe.execute()
 
         remaining_ms = await self._store.call("cooldown_read", read)
-        return max(remaining_ms, default=0) / 1000 if remaining_ms else 0.0
+        if not remaining_ms:
+            return 0.0
+        # A key without a time to live (-1) or gone (-2) holds nothing back.
+        for scope, milliseconds in zip((None, path), remaining_ms, strict=False):
+            if milliseconds > 0:
+                self._remember(milliseconds / 1000, scope)
+        return max(0, *remaining_ms) / 1000
 
     async def publish_cooldown(self, seconds: float, path: str | None = None) -> None:
         """Tell the fleet the tool takes no calls to the route (or ``path``) for ``seconds``.
 
         The newest word wins: it is the tool's latest statement of when it will be ready.
+        This process knows it before the store does, so its own next call holds back even
+        while the write is on its way.
         """
         milliseconds = math.ceil(seconds * 1000)
         if milliseconds <= 0:
             return
+        self._remember(seconds, path)
         key = self._cooldown_keys(path)[-1]
         await self._store.call("cooldown_write", lambda client: client.set(key, 1, px=milliseconds))
 
@@ -157,6 +184,8 @@ class RouteState:
         """A circuit opened: the route cools down for ``seconds`` and the fleet's window
         starts again, as a closing circuit's own window does."""
         milliseconds = math.ceil(seconds * 1000)
+        if milliseconds > 0:
+            self._remember(seconds, None)
 
         async def open_circuit(client: Redis) -> Any:
             pipe = client.pipeline(transaction=False)
@@ -166,6 +195,21 @@ class RouteState:
             return await pipe.execute()
 
         await self._store.call("cooldown_write", open_circuit)
+
+    def _known_s(self, path: str) -> float:
+        now = self._clock()
+        ends = (self._known_until.get(scope, now) for scope in (None, path))
+        return max(0.0, max(ends) - now)
+
+    def _remember(self, seconds: float, scope: str | None) -> None:
+        now = self._clock()
+        known = self._known_until
+        known[scope] = now + seconds
+        if len(known) > MAX_KNOWN_PATHS:
+            for ended in [key for key, until in known.items() if until <= now]:
+                del known[ended]
+            while len(known) > MAX_KNOWN_PATHS:
+                del known[min(known, key=known.__getitem__)]
 
     def _window_keys(self, window_s: float, now: int | None = None) -> list[str]:
         now = int(time.time()) if now is None else now

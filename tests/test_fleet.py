@@ -16,7 +16,7 @@ import yaml
 from aiohttp import web
 
 from sidecar.settings import ConfigError, load_settings, masked, unknown_variables
-from tests.conftest import eventually, unused_port
+from tests.conftest import FakeClock, eventually, unused_port
 from tests.processes import RunningSidecar, sidecar_process
 from tests.redis_store import RedisServer
 
@@ -121,6 +121,25 @@ async def test_a_cooldown_longer_than_a_request_may_wait_is_answered_at_once(
     assert len(tool.seen) == 1
 
 
+async def test_a_cooldown_a_replica_knows_holds_while_the_store_is_gone(
+    make_tool, make_sidecar, redis_store
+):
+    tool = await make_tool(lambda _: asyncio.sleep(0, rate_limited(120)))
+    learned = await make_sidecar(tool, **shared(redis_store))
+    told = await make_sidecar(tool, **shared(redis_store))
+    assert (await learned.client.post("/forecast", json={})).status == 429
+    assert (await told.client.post("/forecast", json={})).status == 503
+
+    redis_store.kill()
+
+    for sidecar in (learned, told):
+        refused = await sidecar.client.post("/forecast", json={})
+        assert refused.status == 503
+        assert (await refused.json())["error"]["code"] == "CIRCUIT_OPEN"
+        assert 100 < int(refused.headers["Retry-After"]) <= 120
+    assert len(tool.seen) == 1
+
+
 async def test_a_wait_in_the_envelope_holds_back_its_path_only(
     make_tool, make_sidecar, redis_store
 ):
@@ -195,7 +214,8 @@ async def test_a_store_that_refuses_the_password_costs_a_count_and_changes_no_an
     try:
         tool = await make_tool(lambda _: asyncio.sleep(0, rate_limited(1)))
         wrong = f"redis://:wrong-password@127.0.0.1:{guarded.port}/0"
-        sidecar = await make_sidecar(tool, state_url=wrong, max_retries=1)
+        # The waits move this clock, so the cooldown the sidecar learned itself ends in them.
+        sidecar = await make_sidecar(tool, state_url=wrong, max_retries=1, clock=FakeClock())
 
         answer = await sidecar.client.post("/forecast", json={})
 
