@@ -195,10 +195,9 @@ async def exchange(
     """
     progress = Progress()
     try:
-        async with asyncio.timeout(timeout_s):
-            response = await pool.request(
-                request.method, request.url, request.headers, request.body, progress
-            )
+        response = await pool.request(
+            request.method, request.url, request.headers, request.body, progress, timeout_s
+        )
     except TimeoutError:
         return _attempt_error(progress, None)
     except (ConnectionBroken, OSError) as exc:
