@@ -73,6 +73,7 @@ def owner_of(stack: list[str]) -> str:
 def summarize(raw: str) -> None:
     owners: collections.Counter[str] = collections.Counter()
     leaves: collections.Counter[str] = collections.Counter()
+    inclusive: collections.Counter[str] = collections.Counter()
     total = in_client = 0
     for line in raw.splitlines():
         stack_text, _, count_text = line.rpartition(" ")
@@ -82,6 +83,9 @@ def summarize(raw: str) -> None:
         owners[owner_of(stack)] += count
         leaves[stack[-1]] += count
         in_client += count if any(client_frame(frame) for frame in stack) else 0
+        # A function counts once per sample however often it is on the stack.
+        for function in {frame.partition(":")[0] for frame in stack if "(sidecar/" in frame}:
+            inclusive[function] += count
         total += count
     print(f"\n{total} samples, self time by owner\n| owner | share |\n|---|---|")
     for owner, count in owners.most_common():
@@ -90,6 +94,14 @@ def summarize(raw: str) -> None:
     print("\nlargest frames (self time)")
     for frame, count in leaves.most_common(15):
         print(f"{count / total:6.1%}  {frame}")
+    print("\nthe sidecar's functions, inclusive (below the handler)")
+    below_handler = [
+        (function, count)
+        for function, count in inclusive.most_common()
+        if count < inclusive.get("Proxy.handle (sidecar/proxy.py", total)
+    ]
+    for function, count in below_handler[:20]:
+        print(f"{count / total:6.1%}  {function})")
 
 
 def main() -> int:
