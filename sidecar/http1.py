@@ -32,7 +32,7 @@ RequestBody = bytes | AsyncIterable[bytes]
 # The parser's buffer size: past twice this much unread body the socket stops being read.
 _READ_LIMIT = 2**16
 # An idle connection older than this is not trusted to be open at the tool any more
-# (aiohttp's keep-alive default, which the sidecar had until now).
+# (aiohttp's client keeps one as long).
 _IDLE_TIMEOUT_S = 15.0
 
 _PoolKey = tuple[bool, str, int]
@@ -98,7 +98,7 @@ class Pool:
         progress.stage = Stage.CONNECTED
         try:
             message, payload = await connection.exchange(
-                method, url, _head(method, url, headers, body), body, progress, deadline
+                method, _head(method, url, headers, body), body, progress, deadline
             )
         except BaseException:
             self.release(connection, reuse=False)
@@ -154,7 +154,9 @@ class Pool:
         tls, host, port = key
         loop = asyncio.get_running_loop()
         if tls and self._tls is None:
-            self._tls = ssl.create_default_context()
+            # Made on the first https connection only: loading the trust store blocks the
+            # loop once, and holds memory a sidecar in front of plain-http tools never needs.
+            self._tls = _verifying_context()
         _, connection = await loop.create_connection(
             lambda: _Connection(loop, self, key),
             host.strip("[]"),
@@ -187,6 +189,14 @@ class Pool:
             if not waiter.done():
                 waiter.set_result(None)
                 return
+
+
+def _verifying_context() -> ssl.SSLContext:
+    """What aiohttp's client used: the system's trust store, checked host names, and
+    HTTP/1.1 said in ALPN so a server that could speak HTTP/2 does not."""
+    context = ssl.create_default_context()
+    context.set_alpn_protocols(("http/1.1",))
+    return context
 
 
 def _head(method: str, url: URL, headers: CIMultiDict[str], body: RequestBody) -> bytes:
@@ -254,7 +264,6 @@ class _Connection(BaseProtocol):
     async def exchange(
         self,
         method: str,
-        url: URL,
         head: bytes,
         body: RequestBody,
         progress: Progress,
