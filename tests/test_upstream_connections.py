@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 from dataclasses import dataclass, field
 
+import trustme
+from aiohttp import web
+
+from tests.conftest import scripted
 from tests.rawhttp import raw_tool
 
 
@@ -89,3 +94,30 @@ async def test_an_answer_saying_connection_close_ends_that_connection(make_sidec
         assert (first.status, await first.read()) == (200, b'{"ok":true}')
         assert (second.status, second.headers["X-Sidecar-Attempts"]) == (200, "1")
     assert tool.requests_by_connection == [[b"POST /a"], [b"POST /b"]]
+
+
+async def test_an_https_tool_is_reached_only_with_a_certificate_the_sidecar_trusts(
+    make_tool, make_sidecar, monkeypatch, tmp_path
+):
+    authority = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    authority.issue_cert("127.0.0.1").configure_cert(server_context)
+    tool = await make_tool(scripted(lambda: web.json_response({"ok": True})), ssl=server_context)
+    assert tool.url.startswith("https://")
+
+    untrusting = await make_sidecar(tool, max_retries=0)
+    refused = await untrusting.client.post("/a", json={"q": 1})
+
+    trust_store = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(str(trust_store))
+    monkeypatch.setenv("SSL_CERT_FILE", str(trust_store))
+    trusting = await make_sidecar(tool, max_retries=0)
+    first = await trusting.client.post("/b", json={"q": 2})
+    second = await trusting.client.post("/c", json={"q": 3})
+
+    assert refused.status == 503
+    assert (await refused.json())["error"]["details"]["reason"] == "connect_error"
+    assert (first.status, await first.json()) == (200, {"ok": True})
+    assert (second.status, await second.json()) == (200, {"ok": True})
+    assert [seen.raw_path for seen in tool.seen] == ["/b", "/c"]
+    assert tool.seen[0].peer == tool.seen[1].peer  # one TLS connection carried both
