@@ -10,7 +10,7 @@ import trustme
 from aiohttp import web
 
 from tests.conftest import scripted
-from tests.rawhttp import raw_tool
+from tests.rawhttp import raw_tool, read_request_head
 
 
 @dataclass
@@ -94,6 +94,33 @@ async def test_an_answer_saying_connection_close_ends_that_connection(make_sidec
         assert (first.status, await first.read()) == (200, b'{"ok":true}')
         assert (second.status, second.headers["X-Sidecar-Attempts"]) == (200, "1")
     assert tool.requests_by_connection == [[b"POST /a"], [b"POST /b"]]
+
+
+async def test_a_post_the_kept_connection_drops_under_is_not_sent_again(make_sidecar):
+    received = 0
+
+    async def answer_once_then_drop(
+        reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        nonlocal received
+        await read_request_head(reader)
+        received += 1
+        writer.write(JSON_OK)
+        await writer.drain()
+        await read_request_head(reader)  # the next request, on the same connection
+        received += 1
+
+    async with raw_tool(answer_once_then_drop) as url:
+        sidecar = await make_sidecar(url)
+        first = await sidecar.client.post("/pay", data=b"{}")
+        second = await sidecar.client.post("/pay", data=b"{}")
+
+        assert first.status == 200
+        assert second.status == 502
+        error = (await second.json())["error"]
+        assert (error["code"], error["details"]["delivered"]) == ("UPSTREAM_RESET", "maybe")
+        assert second.headers["X-Sidecar-Attempts"] == "1"
+    assert received == 2
 
 
 async def test_an_https_tool_is_reached_only_with_a_certificate_the_sidecar_trusts(
