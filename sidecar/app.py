@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
@@ -24,7 +25,7 @@ from sidecar.repair.schemas import SchemaStore
 from sidecar.routing import RouteTable
 from sidecar.settings import Settings, resolve_routes
 from sidecar.telemetry import Hooks, build_hooks
-from sidecar.upstream import create_session
+from sidecar.upstream import create_pool
 
 if TYPE_CHECKING:
     import openai
@@ -102,7 +103,9 @@ def create_app(
     app[LIFECYCLE] = Lifecycle()
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
-        session = create_session(settings.upstream_max_connections)
+        pool = create_pool(settings.upstream_max_connections)
+        # Schema documents come through aiohttp's own client: a few fetches, off the hot path.
+        session = aiohttp.ClientSession()
         schemas = SchemaStore(
             {route.name: route.schema_source for route in route_configs}, hooks.schema_unavailable
         )
@@ -127,7 +130,7 @@ def create_app(
             else None
         )
         engine = Engine(
-            session,
+            pool,
             hooks,
             list(route_configs),
             Repairs(schemas, repairer, hooks),
@@ -149,6 +152,7 @@ def create_app(
         with contextlib.suppress(asyncio.CancelledError):
             await refresh
         await session.close()
+        await pool.close()
         if state is not None:
             await state.close()
         if llm_client is not None:

@@ -13,8 +13,6 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-import aiohttp
-
 from sidecar.budget import RetryBudget
 from sidecar.circuit import CircuitBreaker, CircuitState, Ticket
 from sidecar.classify import Action, Reply, Verdict, classify
@@ -22,6 +20,7 @@ from sidecar.controls import RequestControls
 from sidecar.envelopes import inspect, json_document
 from sidecar.errors import AttemptError
 from sidecar.fleet import RouteState, StateStore
+from sidecar.http1 import Pool
 from sidecar.ids import idempotency_key
 from sidecar.policy import Backoff, Limits, Outcome, Wait, plan_cooldown, plan_wait
 from sidecar.repair.payload import Payload
@@ -107,7 +106,7 @@ class Engine:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        pool: Pool,
         hooks: Hooks,
         routes: list[RouteConfig],
         repairs: Repairs,
@@ -117,7 +116,7 @@ class Engine:
         clock: Clock = time.monotonic,
         state: StateStore | None = None,
     ) -> None:
-        self.session = session
+        self.pool = pool
         self.hooks = hooks
         self.repairs = repairs
         self.inspect_limit = inspect_limit
@@ -331,7 +330,7 @@ class _Run:
         request = self.hooks.attempt_started(self.attempts, self.request)
         started = self.clock()
         result = await exchange(
-            self.engine.session,
+            self.engine.pool,
             request,
             per_try,
             self.engine.inspect_limit,

@@ -16,6 +16,7 @@ from structlog.contextvars import bind_contextvars, reset_contextvars
 from sidecar import errors, ids
 from sidecar.controls import request_controls
 from sidecar.engine import Engine, Result
+from sidecar.http1 import ConnectionBroken
 from sidecar.observe import UNMATCHED_ROUTE
 from sidecar.policy import GAVE_UP, Outcome
 from sidecar.repair.payload import Payload
@@ -376,7 +377,7 @@ async def relay(
         await response.write_eof()
     except ConnectionResetError:
         _log.debug("client_disconnected", status=answer.status)
-    except (aiohttp.ClientError, OSError) as exc:
+    except (ConnectionBroken, OSError) as exc:
         _log.warning("upstream_stream_broken", status=answer.status, reason=type(exc).__name__)
         if request.transport is not None:
             request.transport.close()

@@ -1,7 +1,7 @@
 """The one seam to the tool: a pooled client, header rules, and one attempt at a time.
 
-Foreign exceptions (aiohttp's, asyncio's timeouts) are translated into ``AttemptError``
-here and nowhere else.
+Foreign exceptions (the connection's, asyncio's timeouts) are translated into
+``AttemptError`` here and nowhere else.
 """
 
 from __future__ import annotations
@@ -9,19 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import AsyncIterable
 from contextlib import AbstractAsyncContextManager
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
 
-import aiohttp
-from aiohttp.connector import Connection
+from aiohttp.streams import StreamReader
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from sidecar.envelopes import first_event
 from sidecar.errors import AttemptError, out_of_descriptors
+from sidecar.http1 import ConnectionBroken, Pool, Progress, RequestBody, Response, Stage
 
 # RFC 9110 §7.6.1 plus the proxy-only fields RFC 2616 named; anything listed in
 # ``Connection`` is hop-by-hop as well.
@@ -42,105 +39,21 @@ HOP_BY_HOP = frozenset(
 _NOT_FORWARDED_UPSTREAM = frozenset({"host", "content-length", "expect"})
 CONTROL_HEADER_PREFIX = "x-sidecar-"
 
-# aiohttp would add these when absent; a faithful proxy sends only what the agent sent.
-_NO_AUTO_HEADERS = CIMultiDict(
-    (name, None) for name in ("Accept", "Accept-Encoding", "User-Agent", "Content-Type")
-)
 
-RequestBody = bytes | AsyncIterable[bytes]
+def create_pool(max_connections: int) -> Pool:
+    """The process-wide pool of connections to the tools (0: no limit)."""
+    return Pool(max_connections)
 
 
-def create_session(max_connections: int) -> aiohttp.ClientSession:
-    """The process-wide pool: no decompression, no cookies, no redirects, no own timeouts,
-    and no hidden retries."""
-    connector = _StagedConnector(limit=max_connections, limit_per_host=0)
-    session = aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=False,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        timeout=aiohttp.ClientTimeout(total=None),
-        raise_for_status=False,
-        request_class=_StagedRequest,
-    )
-    # aiohttp resends an idempotent request once, silently, when a kept-alive connection
-    # drops under it. The tool would then run work the sidecar never counted as an
-    # attempt. There is no public switch; aiohttp's own test client flips the same one.
-    session._retry_connection = False
-    return session
-
-
-class _Stage(enum.IntEnum):
-    """How far one attempt got; it tells a pool wait, a connect and a sent request apart."""
-
-    STARTED = 0
-    QUEUED = 1  # waiting for a free connection in the sidecar's own pool
-    CONNECTING = 2
-    CONNECTED = 3
-    SENT = 4  # the request's head was written for the tool's socket
-
-
-@dataclass(slots=True)
-class _Progress:
-    stage: _Stage = _Stage.STARTED
-
-    def error(self, exc: BaseException | None) -> AttemptError:
-        """The attempt error for a failure (``None``: the per-try timeout) at this stage."""
-        if out_of_descriptors(getattr(exc, "os_error", exc)):
-            return AttemptError.NO_FDS
-        if self.stage is _Stage.QUEUED:
-            return AttemptError.POOL_TIMEOUT
-        if self.stage is _Stage.SENT:
-            return AttemptError.TIMEOUT if exc is None else AttemptError.RESET
-        return AttemptError.CONNECT_TIMEOUT if exc is None else AttemptError.CONNECT
-
-
-# The attempt the running task is making. aiohttp's TraceConfig could report the same
-# stages, but with any trace configured every request pays for a dozen signals (and their
-# parameter objects) it does not use: ~6% of the sidecar's CPU under load.
-_ATTEMPT: ContextVar[_Progress | None] = ContextVar("sidecar_attempt", default=None)
-
-
-class _StagedConnector(aiohttp.TCPConnector):
-    """Marks the attempt's stage as the pool hands out or opens its connection.
-
-    From entering ``connect`` until a connection is being opened, the attempt waits for a
-    free one: a connection at hand comes back without waiting.
-    """
-
-    async def connect(self, req: aiohttp.ClientRequest, *args: Any, **kwargs: Any) -> Connection:
-        progress = _ATTEMPT.get()
-        if progress is None:
-            return await super().connect(req, *args, **kwargs)
-        progress.stage = _Stage.QUEUED
-        connection = await super().connect(req, *args, **kwargs)
-        progress.stage = _Stage.CONNECTED
-        return connection
-
-    async def _create_connection(
-        self, req: aiohttp.ClientRequest, *args: Any, **kwargs: Any
-    ) -> Any:
-        progress = _ATTEMPT.get()
-        if progress is not None:
-            progress.stage = _Stage.CONNECTING
-        return await super()._create_connection(req, *args, **kwargs)
-
-
-class _StagedRequest(aiohttp.ClientRequest):
-    """Marks the attempt sent once the request's head is written (aiohttp buffers it to
-    go out with the body; from here on the tool may get the request), and adds no header
-    of aiohttp's own."""
-
-    def update_auto_headers(self, skip_auto_headers: object) -> None:
-        # The session's ``skip_auto_headers`` did the same, but rebuilt and sorted the
-        # list and copied the request's headers for it on every request (~4% of the CPU).
-        self._skip_auto_headers = _NO_AUTO_HEADERS
-
-    async def send(self, conn: Connection) -> aiohttp.ClientResponse:
-        response = await super().send(conn)
-        progress = _ATTEMPT.get()
-        if progress is not None:
-            progress.stage = _Stage.SENT
-        return response
+def _attempt_error(progress: Progress, exc: BaseException | None) -> AttemptError:
+    """The attempt error for a failure (``None``: the per-try timeout) at ``progress``."""
+    if out_of_descriptors(exc):
+        return AttemptError.NO_FDS
+    if progress.stage is Stage.QUEUED:
+        return AttemptError.POOL_TIMEOUT
+    if progress.stage is Stage.SENT:
+        return AttemptError.TIMEOUT if exc is None else AttemptError.RESET
+    return AttemptError.CONNECT_TIMEOUT if exc is None else AttemptError.CONNECT
 
 
 def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
@@ -175,8 +88,8 @@ def end_to_end_headers(
 def undeliverable_header(headers: CIMultiDictProxy[str]) -> str | None:
     """The name of a header whose bytes were not UTF-8, if any.
 
-    aiohttp decodes such bytes to surrogates and its writer would silently drop them, so
-    the tool would see a different value than the agent sent.
+    aiohttp's parser decodes such bytes to surrogates, which cannot be written out as they
+    came: the other side would see a different value than was sent.
     """
     for name, value in headers.items():
         if not value.isascii():
@@ -225,7 +138,7 @@ class Answer:
     inspection window: the answer goes to the agent as it is.
     """
 
-    response: aiohttp.ClientResponse
+    response: Response
     body: bytes
     complete: bool
     decisive: bool = False
@@ -236,7 +149,7 @@ class Answer:
         return self.response.status
 
     def discard(self) -> None:
-        """Give the connection back to the pool; aiohttp drops it if the body was not read."""
+        """Give the connection back to the pool; it is closed if the body was not read."""
         self.response.release()
 
 
@@ -248,7 +161,7 @@ class BodyRead(enum.Enum):
     FIRST_EVENT = "first_event"  # an event stream answering a call: its first event
 
 
-def body_read(method: str, response: aiohttp.ClientResponse) -> BodyRead:
+def body_read(method: str, response: Response) -> BodyRead:
     """How much of the body can change what happens next.
 
     Error answers always can; a 2xx only through a JSON envelope (``success: false``) or,
@@ -267,7 +180,7 @@ def body_read(method: str, response: aiohttp.ClientResponse) -> BodyRead:
 
 
 async def exchange(
-    session: aiohttp.ClientSession,
+    pool: Pool,
     request: UpstreamRequest,
     timeout_s: float,
     inspect_limit: int,
@@ -280,28 +193,20 @@ async def exchange(
     slow body. Reading what a decision needs gets ``inspect_timeout_s``; past it the
     answer goes to the agent as it is and the rest streams.
     """
-    progress = _Progress()
-    attempt = _ATTEMPT.set(progress)
+    progress = Progress()
     try:
-        async with asyncio.timeout(timeout_s):
-            response = await session.request(
-                request.method,
-                request.url,
-                headers=request.headers,
-                data=request.body,
-                allow_redirects=False,
-            )
+        response = await pool.request(
+            request.method, request.url, request.headers, request.body, progress, timeout_s
+        )
     except TimeoutError:
-        return progress.error(None)
-    except (aiohttp.ClientError, OSError) as exc:
-        return progress.error(exc)
-    finally:
-        _ATTEMPT.reset(attempt)
+        return _attempt_error(progress, None)
+    except (ConnectionBroken, OSError) as exc:
+        return _attempt_error(progress, exc)
     return await _inspect(request.method, response, inspect_limit, inspect_timeout_s)
 
 
 async def _inspect(
-    method: str, response: aiohttp.ClientResponse, limit: int, timeout_s: float
+    method: str, response: Response, limit: int, timeout_s: float
 ) -> Answer | AttemptError:
     """The answer with as much of its body read as deciding on it needs.
 
@@ -322,7 +227,7 @@ async def _inspect(
             return Answer(response, bytes(buffer), complete=False, decisive=found)
     except TimeoutError:
         return Answer(response, bytes(buffer), complete=False, slow=True)
-    except (aiohttp.ClientError, OSError):
+    except (ConnectionBroken, OSError):
         response.close()
         return AttemptError.RESET
     except asyncio.CancelledError:
@@ -331,9 +236,7 @@ async def _inspect(
         raise
 
 
-def read_deadline(
-    stream: aiohttp.StreamReader, timeout_s: float
-) -> AbstractAsyncContextManager[object]:
+def read_deadline(stream: StreamReader, timeout_s: float) -> AbstractAsyncContextManager[object]:
     """A timeout for reading ``stream``, or none when the whole body is already here.
 
     A small body usually arrives with its head: reading it cannot wait, and arming and
@@ -342,9 +245,7 @@ def read_deadline(
     return contextlib.nullcontext() if stream.is_eof() else asyncio.timeout(timeout_s)
 
 
-async def _read_first_event(
-    response: aiohttp.ClientResponse, limit: int, buffer: bytearray
-) -> bool:
+async def _read_first_event(response: Response, limit: int, buffer: bytearray) -> bool:
     """Read the stream into ``buffer`` up to the end of its first event; whether one came
     (comment-only blocks such as ``: ping`` are not events)."""
     while len(buffer) <= limit:
@@ -357,7 +258,7 @@ async def _read_first_event(
     return first_event(buffer) is not None
 
 
-async def _read_up_to(response: aiohttp.ClientResponse, limit: int, buffer: bytearray) -> bool:
+async def _read_up_to(response: Response, limit: int, buffer: bytearray) -> bool:
     """Read about ``limit`` bytes of the body at most into ``buffer``; whether that is all."""
     declared = response.content_length
     if declared is not None and declared > limit:
