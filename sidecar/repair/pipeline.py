@@ -55,10 +55,10 @@ class Repairs:
         if level == "off":
             return payload
         schema = self._schemas.body_schema(route, method, path)
-        value = payload.value
-        if schema is None or value is None:
+        # Asked first: without a schema the body is never parsed on a call that succeeds.
+        if schema is None or payload.value is None:
             return payload
-        coerced, changed = coerce(value, schema)
+        coerced, changed = coerce(payload.value, schema)
         if not changed:
             return payload
         self._hooks.payload_repaired(route, "coercion", changed)
