@@ -253,7 +253,8 @@ async def test_mcp_tools_the_server_annotated_safe_are_replayed_and_others_are_n
 
 
 async def test_no_request_reaches_the_tool_that_the_sidecar_does_not_count(make_sidecar):
-    """aiohttp would resend a GET once, silently, on a kept-alive connection that drops."""
+    """A client may resend a GET once, silently, on a kept-alive connection that drops
+    (aiohttp's does); the sidecar's must not."""
     received = 0
 
     async def first_answer_then_drop(
