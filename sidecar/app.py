@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +18,7 @@ from yarl import URL
 from sidecar.engine import Clock, Engine, Sleep
 from sidecar.fleet import StateStore
 from sidecar.observe import Metrics, http_server_logger
-from sidecar.proxy import Proxy
+from sidecar.proxy import Proxy, ProxyServer
 from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
@@ -29,8 +29,6 @@ from sidecar.upstream import create_pool
 
 if TYPE_CHECKING:
     import openai
-
-ProxyHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 @dataclass(slots=True)
@@ -61,6 +59,8 @@ def server_kwargs(settings: Settings) -> dict[str, Any]:
     request head within the client timeout (a new one, or an idle kept-alive one) is
     closed: aiohttp's own default holds it for an hour. After an answer to a request
     whose body was not read whole, the rest is read and dropped for a short while only.
+    The request line and each header line may be as long as the whole header limit
+    (aiohttp's default is 8 KiB a line); the proxy holds the section's total to it.
     """
     return {
         "handler_cancellation": True,
@@ -68,6 +68,8 @@ def server_kwargs(settings: Settings) -> dict[str, Any]:
         "logger": http_server_logger(),
         "keepalive_timeout": settings.client_timeout_ms / 1000,
         "lingering_time": LINGERING_S,
+        "max_line_size": settings.max_header_bytes,
+        "max_field_size": settings.max_header_bytes,
     }
 
 
@@ -103,7 +105,7 @@ def create_app(
     app[LIFECYCLE] = Lifecycle()
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
-        pool = create_pool(settings.upstream_max_connections)
+        pool = create_pool(settings.upstream_max_connections, settings.max_header_bytes)
         # Schema documents come through aiohttp's own client: a few fetches, off the hot path.
         session = aiohttp.ClientSession()
         schemas = SchemaStore(
@@ -146,6 +148,7 @@ def create_app(
             max_request_bytes=settings.max_request_bytes,
             max_in_flight=settings.max_in_flight,
             client_timeout_s=settings.client_timeout_ms / 1000,
+            max_header_bytes=settings.max_header_bytes,
         )
         yield
         refresh.cancel()
@@ -177,19 +180,18 @@ async def running(app: web.Application) -> AsyncIterator[web.Application]:
 
 
 def proxy_runner_for(app: web.Application, settings: Settings, **runner: Any) -> web.ServerRunner:
-    """A runner serving a running proxy app as ``server_kwargs`` says, on aiohttp's
-    low-level server."""
-    return web.ServerRunner(web.Server(proxy_handler(app), **server_kwargs(settings)), **runner)
+    """A runner serving a running proxy app as ``server_kwargs`` says."""
+    return web.ServerRunner(proxy_server(app, settings), **runner)
 
 
-def proxy_handler(app: web.Application) -> ProxyHandler:
-    """The handler of a running proxy app, for aiohttp's low-level ``web.Server``.
+def proxy_server(app: web.Application, settings: Settings) -> web.Server:
+    """A running proxy app on aiohttp's low-level server.
 
     Every method and path (CONNECT's host:port and OPTIONS's ``*`` too) goes to the proxy,
     so aiohttp's router and middleware chain would only cost time: ~5% of the CPU per
     request in the profile under load.
     """
-    return app[PROXY].handle
+    return ProxyServer(app[PROXY].handle, **server_kwargs(settings))
 
 
 def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:

@@ -30,7 +30,8 @@ class Reply:
 class Verdict:
     action: Action
     # Why: ``success``, ``server_error``, ``rate_limited``, ``connect_error``, ``timeout``,
-    # ``validation``, ``retryable_envelope``, ``auth``, ``not_retryable``, ``overloaded``.
+    # ``validation``, ``retryable_envelope``, ``auth``, ``not_retryable``, ``overloaded``,
+    # ``malformed``.
     reason: str
     # The tool looks unhealthy (no answer, or a status in RETRY_ON_STATUS that did not say
     # it must not be retried): what the circuit breaker counts.
@@ -48,6 +49,10 @@ def classify(result: Reply | AttemptError, retry_on_status: Collection[int]) -> 
     if isinstance(result, AttemptError):
         if result.local:
             return Verdict(Action.DONE, "overloaded")
+        if result is AttemptError.MALFORMED:
+            # The tool ran the call and answered; what it said cannot be passed on or
+            # trusted, and asking again could run the call twice.
+            return Verdict(Action.DONE, "malformed", is_failure=True)
         reason = "timeout" if result is AttemptError.TIMEOUT else "connect_error"
         return Verdict(Action.RETRY, reason, is_failure=True, only_if_safe=result.delivered)
 

@@ -20,7 +20,6 @@ from sidecar.controls import RequestControls
 from sidecar.envelopes import inspect, json_document
 from sidecar.errors import AttemptError
 from sidecar.fleet import RouteState, StateStore
-from sidecar.http1 import Pool
 from sidecar.ids import idempotency_key
 from sidecar.policy import Backoff, Limits, Outcome, Wait, plan_cooldown, plan_wait
 from sidecar.repair.payload import Payload
@@ -28,7 +27,8 @@ from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
 from sidecar.replay import McpToolHints, mcp_call, safe_to_repeat
 from sidecar.settings import RouteConfig
 from sidecar.telemetry import Hooks
-from sidecar.upstream import Answer, UpstreamRequest, exchange
+from sidecar.transport.pool import Pool
+from sidecar.upstream import Answer, Malformed, UpstreamRequest, exchange
 from sidecar.waits import requested_wait
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -80,6 +80,7 @@ class Result:
     trail: list[str]
     answer: Answer | None = None  # the tool's last real answer, when one exists
     error: AttemptError | None = None  # else: what the last attempt ran into
+    error_reason: str | None = None  # ... in more words, when there are more to say
     circuit_open_for_s: float | None = None  # else: the circuit refused to try at all
     repaired: tuple[str, ...] = ()  # the layers that changed the body behind ``answer``
 
@@ -95,6 +96,7 @@ class _Attempt:
     cut_by_deadline: bool = False  # its timeout was the deadline's, not the per-try one
     requested_s: float | None = None  # the wait the tool asked for
     path_scoped: bool = False  # ... for the called path only (its envelope said so)
+    error_reason: str | None = None  # why an answer was refused as malformed
 
     def __post_init__(self) -> None:
         result = self.result
@@ -143,8 +145,13 @@ class Engine:
         """
         return await _Run(self, route, request, controls, payload).run()
 
-    def judge(self, result: Answer | AttemptError, retry_on_status: frozenset[int]) -> _Attempt:
+    def judge(
+        self, result: Answer | AttemptError | Malformed, retry_on_status: frozenset[int]
+    ) -> _Attempt:
         """Read one attempt's answer (its envelope, when its body was read) into a verdict."""
+        if isinstance(result, Malformed):
+            error = AttemptError.MALFORMED
+            return _Attempt(error, classify(error, retry_on_status), error_reason=result.reason)
         if isinstance(result, AttemptError):
             return _Attempt(result, classify(result, retry_on_status))
         response = result.response
@@ -501,7 +508,13 @@ class _Run:
         error = last.result if isinstance(last.result, AttemptError) else None
         layers = self.answered_payload.layers if self.answered_payload is not None else ()
         result = Result(
-            outcome, self.attempts, self.trail, self.last_answer, error, repaired=layers
+            outcome,
+            self.attempts,
+            self.trail,
+            self.last_answer,
+            error,
+            last.error_reason,
+            repaired=layers,
         )
         if paused_for_s is not None and self.last_answer is None and error is None:
             result.circuit_open_for_s = paused_for_s
@@ -517,16 +530,22 @@ def _stopped_by(attempt: _Attempt) -> Outcome:
 
 
 def _sending(request: UpstreamRequest, payload: Payload, key_header: str) -> UpstreamRequest:
-    """``request`` carrying ``payload``, under a fresh idempotency key when it is the sidecar's.
+    """``request`` carrying ``payload``, under a fresh idempotency key when it is the sidecar's,
+    and with the agent's ``Content-Length`` restated when the payload's length differs.
 
     The sidecar's key names one payload: every retry of it carries the same key, and a
     repaired payload (a different request to the tool) gets a new one. A key the agent
     chose is the agent's to keep.
     """
     headers = request.headers
-    if key_header:
+    length = str(len(payload.body))
+    restate_length = "Content-Length" in headers and headers["Content-Length"] != length
+    if key_header or restate_length:
         headers = headers.copy()
+    if key_header:
         headers[key_header] = idempotency_key()
+    if restate_length:
+        headers["Content-Length"] = length
     return replace(request, headers=headers, body=payload.body)
 
 

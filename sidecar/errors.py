@@ -10,6 +10,8 @@ say where the attempt stopped, because that decides whether it may be sent again
     ├── delivered, no answer head: the tool may be working on it (see ``replay``)
     │   ├── TIMEOUT          the per-try timeout (or the deadline) passed first
     │   └── RESET            the connection broke first
+    ├── delivered and answered, in bytes no one can pass on: never retried
+    │   └── MALFORMED        not one unambiguous HTTP/1.1 answer (``transport.answer``)
     └── the sidecar's own saturation: never the tool's fault, never retried
         ├── POOL_TIMEOUT     no free connection in the sidecar's pool in time
         └── NO_FDS           the process is out of file descriptors
@@ -30,6 +32,8 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
+from sidecar.respond import ExactResponse
+
 
 class AttemptError(enum.Enum):
     """The value is the attempt's token in ``X-Sidecar-Trail``."""
@@ -40,6 +44,7 @@ class AttemptError(enum.Enum):
     RESET = "reset"
     POOL_TIMEOUT = "pool_timeout"
     NO_FDS = "fd_exhausted"
+    MALFORMED = "malformed"
 
     @property
     def delivered(self) -> bool:
@@ -78,6 +83,29 @@ SIDECAR_OVERLOADED = SidecarError("SIDECAR_OVERLOADED", 503, "SERVICE_ERROR", Tr
 CIRCUIT_OPEN = SidecarError("CIRCUIT_OPEN", 503, "SERVICE_ERROR", True)
 
 CLIENT_TIMEOUT = SidecarError("CLIENT_TIMEOUT", 408, "INPUT_ERROR", True)
+# The agent's request cannot be forwarded as it is.
+BAD_REQUEST = SidecarError("BAD_REQUEST", 400, "INPUT_ERROR", False)
+EXPECTATION_FAILED = SidecarError("EXPECTATION_FAILED", 417, "INPUT_ERROR", False)
+URI_TOO_LONG = SidecarError("URI_TOO_LONG", 414, "INPUT_ERROR", False)
+HEADERS_TOO_LARGE = SidecarError("HEADERS_TOO_LARGE", 431, "INPUT_ERROR", False)
+# A fault of the sidecar's own: the request was not handled, whatever the tool would say.
+SIDECAR_ERROR = SidecarError("SIDECAR_ERROR", 500, "SERVICE_ERROR", False)
+
+
+class Refusal(Exception):
+    """The sidecar answers the agent itself instead of asking the tool."""
+
+    def __init__(
+        self, error: SidecarError, message: str, details: Mapping[str, object] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.error = error
+        self.message = message
+        self.details = details
+
+    def response(self, headers: Mapping[str, str] | None = None) -> web.Response:
+        return error_response(self.error, self.message, self.details, headers)
+
 
 _ANSWER_FOR_ATTEMPT = {
     AttemptError.CONNECT: (UPSTREAM_UNREACHABLE, "could not connect to the tool"),
@@ -89,6 +117,10 @@ _ANSWER_FOR_ATTEMPT = {
         "no free upstream connection in the sidecar's pool in time",
     ),
     AttemptError.NO_FDS: (SIDECAR_OVERLOADED, "the sidecar is out of file descriptors"),
+    AttemptError.MALFORMED: (
+        UPSTREAM_RESET,
+        "the tool's answer is not valid HTTP/1.1 and cannot be passed on",
+    ),
 }
 
 # How long an agent refused for the sidecar's own saturation should wait.
@@ -114,7 +146,7 @@ def error_response(
             "details": detail_strings,
         },
     }
-    return web.Response(
+    return ExactResponse(
         status=error.status,
         body=orjson.dumps(body),
         content_type="application/json",
@@ -137,37 +169,30 @@ def attempt_error_response(
     details = {"reason": reason or error.value}
     if error.delivered:
         details["delivered"] = "maybe"
+    elif error is AttemptError.MALFORMED:
+        details["delivered"] = "yes"  # the tool got the call and answered it
     if error.local:
         headers = {**(headers or {}), "Retry-After": OVERLOADED_RETRY_AFTER_S}
     return error_response(sidecar_error, message, details, headers)
 
 
-def overloaded_response(limit: int) -> web.Response:
+def overloaded_response(limit: int, headers: Mapping[str, str]) -> web.Response:
     """The answer past ``SIDECAR_MAX_IN_FLIGHT``: try again shortly."""
     return error_response(
         SIDECAR_OVERLOADED,
         "the sidecar has as many requests in flight as it admits",
         {"max_in_flight": limit},
-        {"Retry-After": OVERLOADED_RETRY_AFTER_S},
+        {**headers, "Retry-After": OVERLOADED_RETRY_AFTER_S},
     )
 
 
-def shutdown_response(headers: Mapping[str, str] | None = None) -> web.Response:
+def shutdown_response(headers: Mapping[str, str]) -> web.Response:
     """The answer to a request still waiting for the tool when the drain time ran out."""
     response = error_response(
         UPSTREAM_TIMEOUT,
         "the sidecar is shutting down and the tool had not answered",
         {"reason": "shutdown"},
         headers,
-    )
-    response.force_close()
-    return response
-
-
-def client_timeout_response() -> web.Response:
-    """The agent stopped sending its request body."""
-    response = error_response(
-        CLIENT_TIMEOUT, "the request body did not arrive in time", {"reason": "client_timeout"}
     )
     response.force_close()
     return response

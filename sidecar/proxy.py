@@ -3,29 +3,30 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import structlog
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from sidecar import errors, ids
 from sidecar.controls import request_controls
 from sidecar.engine import Engine, Result
-from sidecar.http1 import ConnectionBroken
+from sidecar.errors import AttemptError
 from sidecar.observe import UNMATCHED_ROUTE
 from sidecar.policy import GAVE_UP, Outcome
+from sidecar.relay import relay
 from sidecar.repair.payload import Payload
 from sidecar.routing import RouteTable, Target, has_dot_segment
 from sidecar.telemetry import Hooks
 from sidecar.upstream import (
-    Answer,
     UpstreamRequest,
-    end_to_end_headers,
     read_deadline,
     undeliverable_header,
     upstream_request_headers,
@@ -33,9 +34,9 @@ from sidecar.upstream import (
 
 _log = structlog.get_logger("sidecar")
 
-
-class _ClientTooSlow(Exception):
-    """The agent stopped sending its request body for longer than the client timeout."""
+ProxyHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+# What aiohttp's parser quotes when the request line, not a header line, is too long.
+_REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ ")
 
 
 @dataclass(slots=True)
@@ -58,7 +59,7 @@ class _StreamedBody:
                     chunk = await self.request.content.readany()
             except TimeoutError:
                 self.stalled = True
-                raise _ClientTooSlow from None
+                raise _client_too_slow() from None
             if not chunk:
                 return
             sent += len(chunk)
@@ -84,6 +85,7 @@ class Proxy:
         max_request_bytes: int,
         max_in_flight: int,
         client_timeout_s: float,
+        max_header_bytes: int,
     ) -> None:
         self._routes = routes
         self._engine = engine
@@ -91,6 +93,7 @@ class Proxy:
         self._max_request_bytes = max_request_bytes
         self._max_in_flight = max_in_flight
         self._client_timeout_s = client_timeout_s
+        self._max_header_bytes = max_header_bytes
         self._running: set[asyncio.Task[object]] = set()
         self._waiting_for_tool: set[asyncio.Task[object]] = set()
         self._all_done = asyncio.Event()
@@ -98,13 +101,15 @@ class Proxy:
         self._draining = False
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        if request.headers.get("Expect"):
-            await _continue(request)
         request_id = request.headers.get("X-Request-ID") or ids.request_id()
-        if has_dot_segment(request.raw_path):
-            raise web.HTTPBadRequest(text="path has a '.' or '..' segment")
         # The path without its query, which may hold credentials.
         path = request.rel_url.raw_path
+        try:
+            if request.headers.get("Expect"):
+                await _continue(request)
+            _check_head(request, self._max_header_bytes)
+        except errors.Refusal as refusal:
+            return refusal.response(own_report(refusal.error))
         target = self._routes.match(request.raw_path)
         if target is None:
             tokens = bind_contextvars(request_id=request_id, path=path)
@@ -113,14 +118,19 @@ class Proxy:
             )
             reset_contextvars(**tokens)
             return errors.error_response(
-                errors.NO_ROUTE, _no_route_message(request.method), {"path": request.path}
+                errors.NO_ROUTE,
+                _no_route_message(request.method),
+                {"path": request.path},
+                own_report(errors.NO_ROUTE),
             )
         if self._max_in_flight and len(self._running) >= self._max_in_flight:
             self._hooks.sidecar_overloaded(target.route.name, "max_in_flight")
             self._hooks.request_finished(
                 target.route.name, request.method, Outcome.OVERLOADED, 503, 0, 0.0, matched=False
             )
-            return errors.overloaded_response(self._max_in_flight)
+            return errors.overloaded_response(
+                self._max_in_flight, own_report(errors.SIDECAR_OVERLOADED)
+            )
         task = asyncio.current_task()
         assert task is not None
         self._running.add(task)
@@ -138,7 +148,9 @@ class Proxy:
                 raise
             # The drain time ran out while the tool still had not answered: say so.
             task.uncancel()
-            response = errors.shutdown_response()
+            response = errors.shutdown_response(
+                report_headers(Outcome.DEADLINE, "shutdown", attempts=None)
+            )
         finally:
             reset_contextvars(**tokens)
             self._running.discard(task)
@@ -174,17 +186,12 @@ class Proxy:
         self._hooks.request_received(route.name, request.method, request.headers)
         status, outcome, attempts, trail = 0, "not-retryable", 0, ""
         try:
-            bad_header = undeliverable_header(request.headers)
-            if bad_header is not None:
-                raise web.HTTPBadRequest(text=f"header {bad_header} is not valid UTF-8")
             try:
                 body = await self._read_request_body(request, route.tuning.max_body_bytes)
-            except _ClientTooSlow:
-                response: web.StreamResponse = errors.client_timeout_response()
-                status = response.status
-                return response
-            if body is None:
-                response = self._too_large()
+            except errors.Refusal as refusal:
+                response: web.StreamResponse = refusal.response(own_report(refusal.error))
+                if refusal.error is errors.CLIENT_TIMEOUT:
+                    response.force_close()
                 status = response.status
                 return response
             headers = upstream_request_headers(
@@ -210,24 +217,25 @@ class Proxy:
             if result.answer is not None:
                 status = result.answer.status
                 response = await relay(request, result.answer, report)
-                status = response.status  # a broken answer goes out as the sidecar's 502
                 return response
             if isinstance(body, _StreamedBody) and body.exceeded:
-                response = self._too_large()
+                response = self._too_large(report)
             elif isinstance(body, _StreamedBody) and body.stalled:
-                response = errors.client_timeout_response()
+                response = _client_too_slow().response(report)
+                response.force_close()
             elif result.circuit_open_for_s is not None:
                 response = errors.circuit_open_response(result.circuit_open_for_s, report)
             else:
                 assert result.error is not None
                 if result.error.local:
                     self._hooks.sidecar_overloaded(route.name, result.error.value)
-                response = errors.attempt_error_response(result.error, report)
+                elif result.error is AttemptError.MALFORMED:
+                    _log.warning("upstream_answer_broken", reason=result.error_reason)
+                response = errors.attempt_error_response(
+                    result.error, report, reason=result.error_reason
+                )
             status = response.status
             return response
-        except web.HTTPException as refusal:
-            status = refusal.status
-            raise
         finally:
             self._hooks.request_finished(
                 route.name,
@@ -239,8 +247,11 @@ class Proxy:
                 trail=trail,
             )
 
-    def _too_large(self) -> web.Response:
-        return errors.error_response(
+    def _too_large(self, report: Mapping[str, str]) -> web.Response:
+        return self._too_large_refusal().response(report)
+
+    def _too_large_refusal(self) -> errors.Refusal:
+        return errors.Refusal(
             errors.REQUEST_TOO_LARGE,
             "request body is larger than the sidecar accepts",
             {"limit_bytes": self._max_request_bytes},
@@ -248,15 +259,15 @@ class Proxy:
 
     async def _read_request_body(
         self, request: web.BaseRequest, buffer_limit: int
-    ) -> bytes | _StreamedBody | None:
-        """The body buffered when it fits ``buffer_limit``, else a stream; None if too large.
+    ) -> bytes | _StreamedBody:
+        """The body buffered when it fits ``buffer_limit``, else a stream.
 
-        A body the agent garbles (a bad chunk) or cuts short is answered 400 here, not
-        left to surface as a server error.
+        A body over the hard limit, one the agent garbles (a bad chunk) or cuts short, and
+        one that stops arriving are refused here, not left to surface as a server error.
         """
         declared = request.content_length
         if declared is not None and self._max_request_bytes and declared > self._max_request_bytes:
-            return None
+            raise self._too_large_refusal()
         if not request.body_exists:
             return b""
         try:
@@ -270,12 +281,43 @@ class Proxy:
                         return bytes(head)
                     head.extend(chunk)
         except (HttpProcessingError, asyncio.IncompleteReadError):
-            raise web.HTTPBadRequest(text="the request body is malformed or incomplete") from None
+            raise errors.Refusal(
+                errors.BAD_REQUEST, "the request body is malformed or incomplete"
+            ) from None
         except TimeoutError:
-            raise _ClientTooSlow from None
+            raise _client_too_slow() from None
         if self._max_request_bytes and len(head) > self._max_request_bytes:
-            return None
+            raise self._too_large_refusal()
         return _StreamedBody(bytes(head), request, self._max_request_bytes, self._client_timeout_s)
+
+
+def _client_too_slow() -> errors.Refusal:
+    return errors.Refusal(
+        errors.CLIENT_TIMEOUT,
+        "the request body did not arrive in time",
+        {"reason": "client_timeout"},
+    )
+
+
+def _check_head(request: web.BaseRequest, max_header_bytes: int) -> None:
+    """Refuse a request that cannot go to any tool as it is.
+
+    A path with a ``.`` or ``..`` segment (also percent-encoded) could climb out of a
+    route's prefix or an upstream's base path; header bytes that are not UTF-8 could not
+    be passed on as they came; a header section over the limit is refused as a whole,
+    where aiohttp's own limits hold each line.
+    """
+    if has_dot_segment(request.raw_path):
+        raise errors.Refusal(errors.BAD_REQUEST, "path has a '.' or '..' segment")
+    bad_header = undeliverable_header(request.headers)
+    if bad_header is not None:
+        raise errors.Refusal(errors.BAD_REQUEST, f"header {bad_header} is not valid UTF-8")
+    if sum(len(name) + len(value) + 4 for name, value in request.raw_headers) > max_header_bytes:
+        raise errors.Refusal(
+            errors.HEADERS_TOO_LARGE,
+            "the request's header section is larger than the sidecar accepts",
+            {"limit_bytes": max_header_bytes},
+        )
 
 
 async def _continue(request: web.BaseRequest) -> None:
@@ -286,7 +328,7 @@ async def _continue(request: web.BaseRequest) -> None:
     if request.version != aiohttp.HttpVersion11:
         return
     if expect.lower() != "100-continue":
-        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+        raise errors.Refusal(errors.EXPECTATION_FAILED, f"unknown expectation: {expect}")
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the answer's size, for the access log, starts now
     await request.writer.drain()
@@ -294,36 +336,37 @@ async def _continue(request: web.BaseRequest) -> None:
 
 def _report(result: Result) -> dict[str, str]:
     """The ``X-Sidecar-*`` headers that tell the agent what the sidecar did."""
-    report = {
-        "X-Sidecar-Attempts": str(result.attempts),
-        "X-Sidecar-Outcome": result.outcome,
-        "X-Sidecar-Trail": ", ".join(result.trail),
-    }
+    report = report_headers(result.outcome, ", ".join(result.trail), attempts=result.attempts)
     if result.repaired:
         report["X-Sidecar-Repaired"] = ",".join(result.repaired)
-    if result.outcome in GAVE_UP:
+    return report
+
+
+def report_headers(outcome: str, trail: str, *, attempts: int | None) -> dict[str, str]:
+    """``X-Sidecar-Outcome`` and ``-Trail``, ``-Attempts`` when known, and the word that
+    the agent's own client should not retry when the sidecar gave up."""
+    report = {"X-Sidecar-Outcome": outcome, "X-Sidecar-Trail": trail}
+    if attempts is not None:
+        report["X-Sidecar-Attempts"] = str(attempts)
+    if outcome in GAVE_UP:
         # The sidecar already retried what could be retried; the official OpenAI and
         # Anthropic SDKs read this header and do not add their own retries on top.
         report["x-should-retry"] = "false"
     return report
 
 
-def _why_not_relayable(answer: Answer) -> str | None:
-    """What in ``answer`` the agent could not receive unchanged, if anything.
-
-    aiohttp takes any three digits as a status, and decodes bytes that are not UTF-8 to
-    surrogates, which its writer would drop from a header or reason phrase.
-    """
-    if not 100 <= answer.status <= 599:
-        return f"status {answer.status} out of range"
-    bad_header = undeliverable_header(answer.response.headers)
-    if bad_header is not None:
-        return f"header {bad_header} is not valid UTF-8"
-    try:
-        (answer.response.reason or "").encode("utf-8")
-    except UnicodeEncodeError:
-        return "reason phrase is not valid UTF-8"
-    return None
+def own_report(error: errors.SidecarError) -> dict[str, str]:
+    """The report on an answer the sidecar made before any attempt: none made, and the
+    error's code as the trail. Only a request refused as it stands is not worth repeating."""
+    outcome = Outcome.OVERLOADED if error is errors.SIDECAR_OVERLOADED else Outcome.NOT_RETRYABLE
+    report = {
+        "X-Sidecar-Attempts": "0",
+        "X-Sidecar-Outcome": outcome,
+        "X-Sidecar-Trail": error.code.lower(),
+    }
+    if not error.retryable:
+        report["x-should-retry"] = "false"
+    return report
 
 
 def _no_route_message(method: str) -> str:
@@ -335,52 +378,47 @@ def _no_route_message(method: str) -> str:
     return "no route matches this path"
 
 
-async def relay(
-    request: web.BaseRequest, answer: Answer, extra_headers: Mapping[str, str]
-) -> web.StreamResponse:
-    """The tool's status, headers and body bytes as they came, plus ``extra_headers``.
+class ProxyServer(web.Server):
+    """aiohttp's low-level server, whose own answers to broken requests are the sidecar's.
 
-    A body read whole goes out with its length; the rest streams chunk by chunk. If the
-    tool breaks off mid-stream the agent's connection is closed too, so a cut body can
-    never pass for a whole one. An answer that cannot go out as it came is a broken
-    answer: the agent gets ``UPSTREAM_RESET`` saying why.
+    aiohttp answers a request it cannot parse (or a handler's crash) with a text page that
+    quotes the request; an agent reading envelopes gets the envelope and the report
+    instead, and nothing of what it sent is echoed.
     """
-    broken = _why_not_relayable(answer)
-    if broken is not None:
-        answer.discard()
-        _log.warning("upstream_answer_broken", status=answer.status, reason=broken)
-        return errors.error_response(
-            errors.UPSTREAM_RESET,
-            "the tool's answer cannot be passed on as it was sent",
-            {"reason": broken},
-            extra_headers,
-        )
-    headers = end_to_end_headers(answer.response.headers)
-    headers.update(extra_headers)
-    if answer.complete:
-        # Headers and body leave in one write; aiohttp sets the length from the body.
-        answer.discard()
-        headers.popall("Content-Length", None)
-        return web.Response(
-            status=answer.status, reason=answer.response.reason, headers=headers, body=answer.body
-        )
-    response = web.StreamResponse(
-        status=answer.status, reason=answer.response.reason, headers=headers
-    )
-    try:
-        await response.prepare(request)
-        if answer.body:
-            await response.write(answer.body)
-        if not answer.complete:
-            async for chunk in answer.response.content.iter_any():
-                await response.write(chunk)
-        await response.write_eof()
-    except ConnectionResetError:
-        _log.debug("client_disconnected", status=answer.status)
-    except (ConnectionBroken, OSError) as exc:
-        _log.warning("upstream_stream_broken", status=answer.status, reason=type(exc).__name__)
-        if request.transport is not None:
-            request.transport.close()
-    finally:
-        answer.discard()
-    return response
+
+    def __init__(self, handler: ProxyHandler, **kwargs: Any) -> None:
+        super().__init__(handler, **kwargs)
+        self._protocol_kwargs = {
+            key: value for key, value in kwargs.items() if key != "handler_cancellation"
+        }
+
+    def __call__(self) -> web.RequestHandler:
+        return _ProxyRequestHandler(self, loop=asyncio.get_running_loop(), **self._protocol_kwargs)
+
+
+class _ProxyRequestHandler(web.RequestHandler):
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        # aiohttp's own handling logs the error (a client's as its fault) and checks that
+        # no answer has started yet; its text page is replaced.
+        super().handle_error(request, status, exc, message)
+        refusal = _refusal_for(status, exc)
+        response = refusal.response(own_report(refusal.error))
+        response.force_close()
+        return response
+
+
+def _refusal_for(status: int, exc: BaseException | None) -> errors.Refusal:
+    if status >= 500:
+        return errors.Refusal(errors.SIDECAR_ERROR, "the sidecar failed to handle the request")
+    if isinstance(exc, LineTooLong):
+        line = exc.args[0] if exc.args else b""
+        if isinstance(line, bytes) and _REQUEST_LINE.match(line):
+            return errors.Refusal(errors.URI_TOO_LONG, "the request line is too long")
+        return errors.Refusal(errors.HEADERS_TOO_LARGE, "a header line of the request is too long")
+    return errors.Refusal(errors.BAD_REQUEST, "the request is not valid HTTP/1.1")

@@ -217,6 +217,8 @@ class Settings(Tuning, BaseSettings):
     max_in_flight: Count = 2048
     client_timeout_ms: DurationMs = Field(60000, gt=0)
     max_request_bytes: Count = 1024 * 1024 * 1024
+    # A request's or an answer's head: Envoy's default is 60 KiB, aiohttp's 8 KiB a line.
+    max_header_bytes: Count = Field(64 * 1024, ge=1024)
     drain_timeout_ms: DurationMs = 20000
     schema_refresh_ms: DurationMs = Field(300000, ge=1000)
     llm_base_url: AnyHttpUrl | None = None

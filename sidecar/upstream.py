@@ -11,14 +11,15 @@ import contextlib
 import enum
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
-from aiohttp.streams import StreamReader
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from sidecar.envelopes import first_event
 from sidecar.errors import AttemptError, out_of_descriptors
-from sidecar.http1 import ConnectionBroken, Pool, Progress, RequestBody, Response, Stage
+from sidecar.transport.answer import MalformedAnswer
+from sidecar.transport.pool import ConnectionBroken, Pool, Progress, RequestBody, Response, Stage
 
 # RFC 9110 §7.6.1 plus the proxy-only fields RFC 2616 named; anything listed in
 # ``Connection`` is hop-by-hop as well.
@@ -35,14 +36,16 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Recomputed or owned by this hop rather than passed on.
-_NOT_FORWARDED_UPSTREAM = frozenset({"host", "content-length", "expect"})
+# Owned by this hop rather than passed on: ``Host`` names the tool, and ``Expect`` was
+# answered by the sidecar itself. (``Content-Length`` goes on, restated for a body the
+# sidecar changed.)
+_NOT_FORWARDED_UPSTREAM = frozenset({"host", "expect"})
 CONTROL_HEADER_PREFIX = "x-sidecar-"
 
 
-def create_pool(max_connections: int) -> Pool:
+def create_pool(max_connections: int, max_head_bytes: int) -> Pool:
     """The process-wide pool of connections to the tools (0: no limit)."""
-    return Pool(max_connections)
+    return Pool(max_connections, max_head_bytes)
 
 
 def _attempt_error(progress: Progress, exc: BaseException | None) -> AttemptError:
@@ -72,7 +75,8 @@ def end_to_end_headers(
     drop_control: bool = False,
 ) -> CIMultiDict[str]:
     """A copy without hop-by-hop fields, ``also_drop`` (lower-case names) and, when asked,
-    the ``X-Sidecar-*`` control headers. One pass: this runs twice per request."""
+    the ``X-Sidecar-*`` headers (the agent's control headers; in an answer, the tool's
+    forgeries of the sidecar's report). One pass: this runs twice per request."""
     dropped = HOP_BY_HOP | also_drop
     if "Connection" in headers:
         dropped = dropped | _connection_tokens(headers)
@@ -127,6 +131,13 @@ class UpstreamRequest:
     url: URL
     headers: CIMultiDict[str]
     body: RequestBody
+
+
+@dataclass(frozen=True, slots=True)
+class Malformed:
+    """The tool answered in bytes that are not one unambiguous HTTP/1.1 answer."""
+
+    reason: str
 
 
 @dataclass(slots=True)
@@ -185,7 +196,7 @@ async def exchange(
     timeout_s: float,
     inspect_limit: int,
     inspect_timeout_s: float,
-) -> Answer | AttemptError:
+) -> Answer | AttemptError | Malformed:
     """One attempt: the answer's head, and the part of its body a decision needs.
 
     ``timeout_s`` bounds connecting, sending and waiting for the head — nothing after:
@@ -200,6 +211,8 @@ async def exchange(
         )
     except TimeoutError:
         return _attempt_error(progress, None)
+    except MalformedAnswer as exc:
+        return Malformed(str(exc))
     except (ConnectionBroken, OSError) as exc:
         return _attempt_error(progress, exc)
     return await _inspect(request.method, response, inspect_limit, inspect_timeout_s)
@@ -207,7 +220,7 @@ async def exchange(
 
 async def _inspect(
     method: str, response: Response, limit: int, timeout_s: float
-) -> Answer | AttemptError:
+) -> Answer | AttemptError | Malformed:
     """The answer with as much of its body read as deciding on it needs.
 
     A body that does not come in time goes to the agent as it is (the status alone
@@ -227,6 +240,9 @@ async def _inspect(
             return Answer(response, bytes(buffer), complete=False, decisive=found)
     except TimeoutError:
         return Answer(response, bytes(buffer), complete=False, slow=True)
+    except MalformedAnswer as exc:
+        response.close()
+        return Malformed(str(exc))
     except (ConnectionBroken, OSError):
         response.close()
         return AttemptError.RESET
@@ -236,7 +252,11 @@ async def _inspect(
         raise
 
 
-def read_deadline(stream: StreamReader, timeout_s: float) -> AbstractAsyncContextManager[object]:
+class _Body(Protocol):
+    def is_eof(self) -> bool: ...
+
+
+def read_deadline(stream: _Body, timeout_s: float) -> AbstractAsyncContextManager[object]:
     """A timeout for reading ``stream``, or none when the whole body is already here.
 
     A small body usually arrives with its head: reading it cannot wait, and arming and

@@ -14,13 +14,13 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import RawTestServer, TestClient, TestServer
+from aiohttp.test_utils import BaseTestServer, TestClient, TestServer
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from sidecar.app import create_app, proxy_handler, running, server_kwargs
+from sidecar.app import create_app, proxy_server, running
 from sidecar.settings import load_settings
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -158,15 +158,23 @@ async def make_sidecar(aiohttp_client: Any) -> AsyncIterator[Callable[..., Await
             configuration = load_settings(upstream_url=upstream, **settings)
             app = create_app(configuration, registry=registry, sleep=sleep, clock=clock)
             await apps.enter_async_context(running(app))
-            # Served as in production; the test server sets handler_cancellation itself.
-            server = RawTestServer(proxy_handler(app))
-            served_as = server_kwargs(configuration)
-            del served_as["handler_cancellation"]
-            await server.start_server(**served_as)
+            server = ServedProxy(proxy_server(app, configuration))
+            await server.start_server()
             client = await aiohttp_client(server, auto_decompress=False)
             return Sidecar(client, registry, sleep, app)
 
         yield make
+
+
+class ServedProxy(BaseTestServer):
+    """The proxy's own aiohttp server on loopback, as ``serve`` runs it."""
+
+    def __init__(self, server: web.Server) -> None:
+        super().__init__()
+        self._server = server
+
+    async def _make_runner(self, **kwargs: Any) -> web.ServerRunner:
+        return web.ServerRunner(self._server, **kwargs)
 
 
 def scripted(*answers: Callable[[], web.StreamResponse]) -> Handler:

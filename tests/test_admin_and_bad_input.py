@@ -73,8 +73,11 @@ async def test_non_utf8_header_values_are_refused_rather_than_silently_changed(
         b"GET /x HTTP/1.1\r\nHost: a\r\nX-Latin: caf\xe9\r\nConnection: close\r\n\r\n",
     )
 
-    assert answer.startswith(b"HTTP/1.1 400 Bad Request")
-    assert answer.endswith(b"header X-Latin is not valid UTF-8")
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 Bad Request")
+    assert b"\r\nX-Sidecar-Outcome: not-retryable\r\n" in head
+    error = json.loads(body)["error"]
+    assert (error["code"], error["message"]) == ("BAD_REQUEST", "header X-Latin is not valid UTF-8")
     assert tool.seen == []
 
 

@@ -65,7 +65,7 @@ def answering(head: bytes) -> bytes:
             b'Transfer-Encoding: chunked\r\n\r\n5\r\n{"a":',
             "reset",
         ),
-        (b"NOT HTTP AT ALL\r\n\r\n", "reset"),
+        (b"NOT HTTP AT ALL\r\n\r\n", "the status line is malformed"),
         # Whole answers that could not reach the agent unchanged.
         (answering(b"HTTP/1.1 099 Odd"), "status 99 out of range"),
         (answering(b"HTTP/1.1 600 Beyond"), "status 600 out of range"),

@@ -1,36 +1,38 @@
-"""A pooled HTTP/1.1 client to the tools: asyncio protocols and aiohttp's llhttp parser.
+"""A pooled HTTP/1.1 client to the tools, on asyncio protocols and a strict answer parser.
 
 aiohttp's ``ClientSession`` builds a request and a response object model per call,
 resolves and caches names, arms its own timers and hands connections through a general
 connector; under load that was ~29% of the sidecar's CPU. A proxy needs less: write the
-head the agent's request already holds, parse the answer's head with the same C parser,
-and pass the body on through the ``StreamReader`` that parser fills.
+head the agent's request already holds, read the answer's head, and pass the body on.
 
-The pool never resends a request by itself: a kept-alive connection that drops under a
-request is that attempt's failure, for the caller's replay rules to judge.
+A connection carries one request at a time and is reused only when its answer ended
+exactly where the bytes read so far end: anything after it, or anything that arrives while
+the connection is idle, closes it, so no tool's stray bytes can become the answer to the
+next request. The pool never resends a request by itself: a kept-alive connection that
+drops under a request is that attempt's failure, for the caller's replay rules to judge.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import ssl
 import time
 from collections import deque
 from collections.abc import AsyncIterable
 from dataclasses import dataclass
+from typing import cast
 
-from aiohttp.base_protocol import BaseProtocol
-from aiohttp.http_parser import HttpResponseParser, RawResponseMessage
-from aiohttp.streams import EMPTY_PAYLOAD, StreamReader
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from sidecar.transport.answer import AnswerParser, Framing, Head, MalformedAnswer
+from sidecar.transport.body import BodyStream
+
 RequestBody = bytes | AsyncIterable[bytes]
 
-# The parser's buffer size: past twice this much unread body the socket stops being read.
-_READ_LIMIT = 2**16
+# Unread body bytes past which the socket stops being read.
+_READ_HIGH_WATER = 2**17
 # An idle connection older than this is not trusted to be open at the tool any more
 # (aiohttp's client keeps one as long).
 _IDLE_TIMEOUT_S = 15.0
@@ -56,14 +58,18 @@ class Progress:
 
 
 class ConnectionBroken(Exception):
-    """The tool's connection closed, or carried something that is not an HTTP answer."""
+    """The tool's connection closed before its answer ended."""
 
 
 class Pool:
-    """Connections to the tools, at most ``limit`` in use at once (0: no limit)."""
+    """Connections to the tools, at most ``limit`` in use at once (0: no limit).
 
-    def __init__(self, limit: int) -> None:
+    ``max_head_bytes`` bounds an answer's head (status line and header fields).
+    """
+
+    def __init__(self, limit: int, max_head_bytes: int) -> None:
         self._limit = limit
+        self._max_head_bytes = max_head_bytes
         self._in_use = 0
         self._idle: dict[_PoolKey, list[_Connection]] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -82,7 +88,8 @@ class Pool:
         """Send one request and wait for its answer's head; the body streams after.
 
         ``timeout_s`` bounds the wait for a connection, connecting, and the wait for the
-        head (``TimeoutError``); ``progress`` tells how far the request got.
+        head (``TimeoutError``); ``progress`` tells how far the request got. An answer
+        that is not valid HTTP/1.1 raises ``MalformedAnswer``.
         """
         host = url.raw_host or ""
         tls = url.scheme == "https"
@@ -97,13 +104,13 @@ class Pool:
                 connection = await self._acquire(key, progress)
         progress.stage = Stage.CONNECTED
         try:
-            message, payload = await connection.exchange(
-                method, _head(method, url, headers, body), body, progress, deadline
+            head, body_stream = await connection.exchange(
+                method, _head(url, method, headers, body), body, progress, deadline
             )
         except BaseException:
             self.release(connection, reuse=False)
             raise
-        return Response(self, connection, message, payload)
+        return Response(self, connection, head, body_stream)
 
     async def close(self) -> None:
         self._closed = True
@@ -158,7 +165,7 @@ class Pool:
             # loop once, and holds memory a sidecar in front of plain-http tools never needs.
             self._tls = _verifying_context()
         _, connection = await loop.create_connection(
-            lambda: _Connection(loop, self, key),
+            lambda: _Connection(self, key, self._max_head_bytes),
             host.strip("[]"),
             port,
             ssl=self._tls if tls else None,
@@ -199,45 +206,67 @@ def _verifying_context() -> ssl.SSLContext:
     return context
 
 
-def _head(method: str, url: URL, headers: CIMultiDict[str], body: RequestBody) -> bytes:
-    """The request line and header block; the body's framing follows from its kind."""
+def _head(url: URL, method: str, headers: CIMultiDict[str], body: RequestBody) -> bytes:
+    """The request line and header block.
+
+    ``headers`` hold the agent's ``Content-Length``, if it sent one, stating the length of
+    ``body``. A buffered body the agent sent chunked gets its length; a streamed one
+    without a length goes chunked. A request without a body gets no framing header.
+    """
     lines = [f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
     for name, value in headers.items():
         if "\r" in value or "\n" in value:
             # It would end the field early and start a header (or a request) of its own.
             raise ValueError(f"header {name} holds a line break")
         lines.append(f"{name}: {value}\r\n")
-    if isinstance(body, bytes):
-        lines.append(f"Content-Length: {len(body)}\r\n\r\n")
-    else:
-        lines.append("Transfer-Encoding: chunked\r\n\r\n")
+    if "Content-Length" not in headers:
+        if not isinstance(body, bytes):
+            lines.append("Transfer-Encoding: chunked\r\n")
+        elif body:
+            lines.append(f"Content-Length: {len(body)}\r\n")
+    lines.append("\r\n")
     return "".join(lines).encode("utf-8")
 
 
-class _Connection(BaseProtocol):
+class _Connection(asyncio.Protocol):
     """One socket to a tool, carrying one request at a time."""
 
     __slots__ = (
+        "_body",
+        "_chunked",
+        "_drain_waiter",
         "_head_waiter",
-        "_parser_with_body",
-        "_payload",
+        "_parser",
         "_pool",
+        "_read_paused",
         "_should_close",
+        "_write_paused",
         "_writer",
         "idle_since",
         "key",
+        "max_head_bytes",
+        "transport",
     )
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pool: Pool, key: _PoolKey) -> None:
-        super().__init__(loop)
+    def __init__(self, pool: Pool, key: _PoolKey, max_head_bytes: int) -> None:
         self._pool = pool
         self.key = key
+        self.max_head_bytes = max_head_bytes
         self.idle_since = 0.0
-        self._head_waiter: asyncio.Future[tuple[RawResponseMessage, StreamReader]] | None = None
-        self._parser_with_body = True
-        self._payload: StreamReader | None = None
+        self.transport: asyncio.Transport | None = None
+        self._head_waiter: asyncio.Future[tuple[Head, BodyStream]] | None = None
+        self._parser: AnswerParser | None = None
+        self._body: BodyStream | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._chunked = False
         self._should_close = False
+        self._read_paused = False
+        self._write_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's is not an ``asyncio.Transport`` subclass).
+        self.transport = cast(asyncio.Transport, transport)
 
     def usable(self, now: float) -> bool:
         transport = self.transport
@@ -250,14 +279,19 @@ class _Connection(BaseProtocol):
     def wait_for_request(self) -> None:
         """Idle in the pool: anything the tool sends now is out of step."""
         self._head_waiter = None
+        self._parser = None
+        self._body = None
 
-    def reusable(self, payload: StreamReader) -> bool:
-        """Whether the next request may follow on this connection once ``payload`` ends."""
+    def reusable(self) -> bool:
+        """Whether the next request may follow on this connection: the answer ended, and
+        nothing came after it."""
+        parser = self._parser
         return (
             not self._should_close
             and self.transport is not None
-            and payload.is_eof()
-            and payload.exception() is None
+            and parser is not None
+            and parser.done
+            and not parser.trailing
             and (self._writer is None or self._writer.done())
         )
 
@@ -268,109 +302,132 @@ class _Connection(BaseProtocol):
         body: RequestBody,
         progress: Progress,
         deadline: float,
-    ) -> tuple[RawResponseMessage, StreamReader]:
+    ) -> tuple[Head, BodyStream]:
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionBroken("the connection closed before the request was sent")
-        with_body = method != "HEAD"
-        if self._parser is None or self._parser_with_body is not with_body:
-            # One parser serves every answer on the connection: each request reaches here
-            # only after the answer before it was parsed to its end. Building one costs
-            # ~2.5% of the CPU per request.
-            self._parser = HttpResponseParser(
-                self,
-                self._loop,
-                _READ_LIMIT,
-                payload_exception=ConnectionBroken,
-                response_with_body=with_body,
-                read_until_eof=True,
-                auto_decompress=False,
-            )
-            self._parser_with_body = with_body
-        waiter: asyncio.Future[tuple[RawResponseMessage, StreamReader]]
-        waiter = self._head_waiter = self._loop.create_future()
-        self._payload = None
+        loop = asyncio.get_running_loop()
+        # A parser per answer: nothing one answer left behind can shape the next.
+        self._parser = AnswerParser(self, method, self.max_head_bytes)
+        waiter: asyncio.Future[tuple[Head, BodyStream]] = loop.create_future()
+        self._head_waiter = waiter
+        self._body = None
         self._writer = None
         if isinstance(body, bytes):
             transport.write(head + body if body else head)
         else:
+            self._chunked = b"\r\nTransfer-Encoding: chunked\r\n\r\n" in head
             transport.write(head)
-            self._writer = self._loop.create_task(self._write_chunks(body))
+            self._writer = loop.create_task(self._write_body(body))
         progress.stage = Stage.SENT
-        timer = self._loop.call_at(deadline, _time_out, waiter)
+        timer = loop.call_at(deadline, _time_out, waiter)
         try:
             return await waiter
         finally:
             timer.cancel()
 
-    async def _write_chunks(self, body: AsyncIterable[bytes]) -> None:
+    async def _write_body(self, body: AsyncIterable[bytes]) -> None:
+        """A streamed request body: as it came when its length was declared, else chunked."""
         try:
             async for chunk in body:
                 transport = self.transport
                 if transport is None:
                     return
-                if chunk:
+                if not chunk:
+                    continue
+                if self._chunked:
                     transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
-                    await self._drain_helper()
-            if self.transport is not None:
+                else:
+                    transport.write(chunk)
+                if self._write_paused:
+                    self._drain_waiter = asyncio.get_running_loop().create_future()
+                    await self._drain_waiter
+            if self._chunked and self.transport is not None:
                 self.transport.write(b"0\r\n\r\n")
         except Exception as exc:
             self._break(ConnectionBroken(f"the request body failed: {exc!r}"))
 
-    def _break(self, exc: ConnectionBroken) -> None:
-        """This connection cannot carry its request on: fail whoever waits for its answer."""
+    def _break(self, exc: Exception) -> None:
+        """This connection cannot carry its exchange on: whoever waits for the answer's
+        head, or reads its body, gets ``exc``."""
         self._should_close = True
         waiter = self._head_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
-            self.close()
+        elif self._body is not None:
+            self._body.set_exception(exc)
+        self.close()
+
+    # asyncio.Protocol: the bytes of the answer.
 
     def data_received(self, data: bytes) -> None:
         parser = self._parser
-        if parser is None or self._head_waiter is None:
-            if data:
-                self.close()  # bytes nobody asked for: this connection is out of step
+        if parser is None:
+            self.close()  # bytes nobody asked for: this connection is out of step
             return
         try:
-            messages, _, _ = parser.feed_data(data)
-        except Exception as exc:
-            self._break(ConnectionBroken(f"not an HTTP answer: {exc!r}"))
-            self._cut_body(ConnectionBroken(f"the body broke: {exc!r}"))
-            self.close()
+            parser.feed(data)
+        except MalformedAnswer as exc:
+            self._break(exc)
             return
-        for message, payload in messages:
-            if 100 <= message.code < 200 and message.code != 101:
-                continue  # an interim answer; the final one follows
-            waiter = self._head_waiter
-            if waiter is None or waiter.done():
-                self.close()  # a second answer to one request
-                return
-            if message.should_close or message.code == 101:
-                self._should_close = True
-            self._payload = payload
-            waiter.set_result((message, payload))
-
-    def _cut_body(self, exc: ConnectionBroken) -> None:
-        """The answer's body ends here without its end: readers get ``exc``, not an EOF."""
-        payload = self._payload
-        if payload is not None and not payload.is_eof() and payload.exception() is None:
-            payload.set_exception(exc)
+        if parser.trailing:
+            # The answer is whole; what follows it is nobody's, and the connection goes.
+            self.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._should_close = True
-        parser, self._parser = self._parser, None
-        waiter = self._head_waiter
-        broken = ConnectionBroken(f"the tool closed the connection ({exc!r})")
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(broken)
-        elif parser is not None:
-            with contextlib.suppress(Exception):
-                parser.feed_eof()  # ends a body that runs until the connection's end
-            self._cut_body(broken)  # any other body is cut short
+        self.transport = None
+        parser = self._parser
+        if parser is not None and not parser.feed_eof():
+            self._break(ConnectionBroken(f"the tool closed the connection ({exc!r})"))
         if self._writer is not None and not self._writer.done():
             self._writer.cancel()
+        self._wake_writer()
         self._pool.forget(self)
-        super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # AnswerSink: what the parser read.
+
+    def answer_head(self, head: Head) -> None:
+        if not head.keep_alive:
+            self._should_close = True
+        body = self._body = BodyStream(self, _READ_HIGH_WATER)
+        waiter = self._head_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result((head, body))
+        else:
+            self._should_close = True  # the head came after the request's timeout
+
+    def answer_body(self, chunk: bytes) -> None:
+        assert self._body is not None
+        self._body.feed(chunk)
+
+    def answer_end(self) -> None:
+        assert self._body is not None
+        self._body.feed_eof()
+
+    # Reading: a body's reader that falls behind holds the tool back.
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self._read_paused:
+            self._read_paused = False
+            self.transport.resume_reading()
 
     def close(self) -> None:
         self._should_close = True
@@ -381,7 +438,7 @@ class _Connection(BaseProtocol):
             self._writer.cancel()
 
 
-def _time_out(waiter: asyncio.Future[tuple[RawResponseMessage, StreamReader]]) -> None:
+def _time_out(waiter: asyncio.Future[tuple[Head, BodyStream]]) -> None:
     if not waiter.done():
         waiter.set_exception(TimeoutError())
 
@@ -390,28 +447,32 @@ class Response:
     """An answer's status and headers; its body streams from ``content``.
 
     The connection returns to the pool when the body has been read to its end, or goes
-    with ``release``/``close``; it is reused only when the whole answer came.
+    with ``release``/``close``; it is reused only when the whole answer came and nothing
+    after it.
     """
 
-    __slots__ = ("_connection", "_pool", "content", "headers", "reason", "status")
+    __slots__ = (
+        "_connection",
+        "_pool",
+        "content",
+        "content_length",
+        "headers",
+        "reason",
+        "status",
+    )
 
     def __init__(
-        self,
-        pool: Pool,
-        connection: _Connection,
-        message: RawResponseMessage,
-        payload: StreamReader,
+        self, pool: Pool, connection: _Connection, head: Head, content: BodyStream
     ) -> None:
-        self.status = message.code
-        self.reason = message.reason
-        self.headers: CIMultiDictProxy[str] = message.headers
-        self.content = payload
+        self.status = head.status
+        self.reason = head.reason
+        self.headers: CIMultiDictProxy[str] = head.headers
+        # The body's declared length, which a streamed relay keeps.
+        self.content_length = head.length if head.framing is Framing.LENGTH else None
+        self.content = content
         self._pool = pool
         self._connection: _Connection | None = connection
-        if payload is EMPTY_PAYLOAD or payload.is_eof():
-            self.release()
-        else:
-            payload.on_eof(self.release)
+        content.on_eof(self.release)
 
     @property
     def content_type(self) -> str:
@@ -421,16 +482,11 @@ class Response:
             return "application/octet-stream"
         return value.partition(";")[0].strip().lower()
 
-    @property
-    def content_length(self) -> int | None:
-        value = self.headers.get("Content-Length")
-        return int(value) if value is not None and value.isdigit() else None
-
     def release(self) -> None:
         """Give the connection back: kept when the whole answer came, else closed."""
         connection, self._connection = self._connection, None
         if connection is not None:
-            self._pool.release(connection, reuse=connection.reusable(self.content))
+            self._pool.release(connection, reuse=connection.reusable())
 
     def close(self) -> None:
         connection, self._connection = self._connection, None

@@ -1,0 +1,1 @@
+"""HTTP/1.1 to the tools: the pool of connections, the strict answer reader, answer bodies."""

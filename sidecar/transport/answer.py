@@ -1,0 +1,317 @@
+"""A tool's answer read strictly (RFC 9112), one parser per answer.
+
+A proxy that frames an answer by a header the agent reads differently, or that keeps the
+bytes a tool wrote past the end of its answer, lets one tool's bytes become another
+request's answer. So this reader guesses at nothing:
+
+- the head must be exactly what RFC 9112 allows: ``HTTP/1.x``, a status from 100 to 599,
+  CRLF line ends, a token right before each colon, no control bytes in a value or the
+  reason, UTF-8 throughout (the agent-facing writer could not pass other bytes on as
+  they came);
+- the body's framing must be unambiguous: a lone ``chunked`` transfer coding with no
+  ``Content-Length``, or one ``Content-Length`` (repeats must agree), or neither (the body
+  runs to the connection's end); an unsolicited ``101`` is refused;
+- anything else raises ``MalformedAnswer``, and the caller closes the connection.
+
+Bytes after the answer's end (a second head, a body after ``HEAD``/``204``/``304``, junk)
+are not parsed: ``trailing`` says they came, and the connection must not carry another
+request.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from multidict import CIMultiDict, CIMultiDictProxy
+
+_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
+# Field lines (RFC 9110 §5.5): a token, the colon right after it, then tabs, spaces, visible
+# characters and obs-text up to CRLF. Whitespace before the colon, obs-fold, a bare CR or
+# LF and control bytes all fail to match.
+_FIELD_LINES = re.compile(rb"(?:" + _TOKEN + rb":[\t\x20-\x7e\x80-\xff]*\r\n)*")
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: ([\t\x20-\x7e\x80-\xff]*))?\r\n")
+# chunk-size [ chunk-ext ] CRLF (RFC 9112 §7.1); extensions are read past, never used.
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[\t ]*;[\t\x20-\x7e\x80-\xff]*)?\r\n")
+_MAX_CHUNK_LINE = 4096
+_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+
+
+class MalformedAnswer(Exception):
+    """The tool's bytes are not one unambiguous HTTP/1.1 answer; ``str()`` says why."""
+
+
+class Framing(enum.Enum):
+    NONE = "none"  # no body: HEAD, 1xx, 204, 304
+    LENGTH = "length"
+    CHUNKED = "chunked"
+    UNTIL_CLOSE = "until_close"
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    status: int
+    reason: str
+    headers: CIMultiDictProxy[str]
+    framing: Framing
+    length: int | None  # with ``Framing.LENGTH``
+    keep_alive: bool  # HTTP/1.1 without ``Connection: close``
+
+
+class AnswerSink(Protocol):
+    """Where the parser puts what it read."""
+
+    def answer_head(self, head: Head) -> None: ...
+    def answer_body(self, chunk: bytes) -> None: ...
+    def answer_end(self) -> None: ...
+
+
+class _State(enum.Enum):
+    HEAD = "head"
+    LENGTH = "length"
+    CHUNK_SIZE = "chunk_size"
+    CHUNK_DATA = "chunk_data"
+    CHUNK_END = "chunk_end"  # the CRLF after a chunk's data
+    TRAILERS = "trailers"
+    UNTIL_CLOSE = "until_close"
+    DONE = "done"
+
+
+class AnswerParser:
+    """Reads one answer to a ``method`` request, fed as bytes arrive."""
+
+    __slots__ = ("_buffer", "_head_only", "_max_head", "_remaining", "_sink", "_state", "trailing")
+
+    def __init__(self, sink: AnswerSink, method: str, max_head_bytes: int) -> None:
+        self._sink = sink
+        self._head_only = method == "HEAD"
+        self._max_head = max_head_bytes
+        self._buffer = b""
+        self._state = _State.HEAD
+        self._remaining = 0
+        self.trailing = False  # bytes came after the answer's end
+
+    @property
+    def done(self) -> bool:
+        return self._state is _State.DONE
+
+    def feed(self, data: bytes) -> None:
+        """Parse ``data``; raises ``MalformedAnswer`` at the first byte that cannot be."""
+        if self._state is _State.DONE:
+            self.trailing = self.trailing or bool(data)
+            return
+        buffer = self._buffer + data if self._buffer else data
+        self._buffer = b""
+        while buffer:
+            state = self._state
+            if state is _State.HEAD:
+                buffer = self._read_head(buffer)
+            elif state is _State.LENGTH or state is _State.CHUNK_DATA:
+                buffer = self._read_counted(buffer)
+            elif state is _State.CHUNK_SIZE:
+                buffer = self._read_chunk_size(buffer)
+            elif state is _State.CHUNK_END:
+                buffer = self._read_chunk_end(buffer)
+            elif state is _State.TRAILERS:
+                buffer = self._read_trailers(buffer)
+            elif state is _State.UNTIL_CLOSE:
+                self._sink.answer_body(buffer)
+                return
+            else:
+                return  # done: ``_finish`` saw what follows
+            if self._buffer:  # waiting for more bytes to finish a line
+                return
+
+    def feed_eof(self) -> bool:
+        """The connection ended; whether the answer is whole (a body that runs until the
+        connection's end ends here)."""
+        if self._state is _State.UNTIL_CLOSE:
+            self._finish(b"")
+        return self._state is _State.DONE
+
+    def _finish(self, rest: bytes) -> bytes:
+        """The answer ended; ``rest`` is what followed it in the same read. ``trailing`` is
+        set before the sink hears of the end, so whoever takes the connection back then
+        already knows it must not be reused."""
+        self._state = _State.DONE
+        self.trailing = bool(rest)
+        self._sink.answer_end()
+        return rest
+
+    def _read_head(self, buffer: bytes) -> bytes:
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buffer) > self._max_head:
+                raise MalformedAnswer(f"the answer's head is over {self._max_head} bytes")
+            if buffer.count(b"\n") != buffer.count(b"\r\n"):
+                raise MalformedAnswer("a line of the head does not end in CRLF")
+            self._buffer = buffer
+            return b""
+        if end + 4 > self._max_head:
+            raise MalformedAnswer(f"the answer's head is over {self._max_head} bytes")
+        head = _parse_head(buffer, end + 2, self._head_only)
+        rest = buffer[end + 4 :]
+        if 100 <= head.status < 200:
+            return rest  # an interim answer (100, 103): the final one follows
+        self._sink.answer_head(head)
+        if head.framing is Framing.NONE or head.length == 0:
+            return self._finish(rest)
+        if head.framing is Framing.LENGTH:
+            assert head.length is not None
+            self._remaining = head.length
+            self._state = _State.LENGTH
+        elif head.framing is Framing.CHUNKED:
+            self._state = _State.CHUNK_SIZE
+        else:
+            self._state = _State.UNTIL_CLOSE
+        return rest
+
+    def _read_counted(self, buffer: bytes) -> bytes:
+        """Body bytes of a known count: the whole answer's, or one chunk's."""
+        take = self._remaining
+        if len(buffer) < take:
+            self._remaining -= len(buffer)
+            self._sink.answer_body(buffer)
+            return b""
+        if take:
+            self._sink.answer_body(buffer[:take] if len(buffer) > take else buffer)
+        self._remaining = 0
+        if self._state is _State.LENGTH:
+            return self._finish(buffer[take:])
+        self._state = _State.CHUNK_END
+        return buffer[take:]
+
+    def _read_chunk_size(self, buffer: bytes) -> bytes:
+        end = buffer.find(b"\r\n")
+        if end < 0:
+            if len(buffer) > _MAX_CHUNK_LINE or b"\n" in buffer:
+                raise MalformedAnswer("a chunk's size line is malformed")
+            self._buffer = buffer
+            return b""
+        match = _CHUNK_LINE.fullmatch(buffer, 0, end + 2)
+        if match is None:
+            raise MalformedAnswer("a chunk's size line is malformed")
+        size = int(match[1], 16)
+        if size:
+            self._remaining = size
+            self._state = _State.CHUNK_DATA
+        else:
+            self._state = _State.TRAILERS
+        return buffer[end + 2 :]
+
+    def _read_chunk_end(self, buffer: bytes) -> bytes:
+        if len(buffer) < 2:
+            if buffer != b"\r":
+                raise MalformedAnswer("a chunk's data is longer than its size")
+            self._buffer = buffer
+            return b""
+        if not buffer.startswith(b"\r\n"):
+            raise MalformedAnswer("a chunk's data is longer than its size")
+        self._state = _State.CHUNK_SIZE
+        return buffer[2:]
+
+    def _read_trailers(self, buffer: bytes) -> bytes:
+        """The trailer section after the last chunk: checked like the head, then dropped
+        (the agent-facing side has no way to send trailers on)."""
+        if buffer.startswith(b"\r\n"):
+            return self._finish(buffer[2:])
+        end = buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buffer) > self._max_head or buffer.count(b"\n") != buffer.count(b"\r\n"):
+                raise MalformedAnswer("the answer's trailer section is malformed")
+            self._buffer = buffer
+            return b""
+        if _FIELD_LINES.fullmatch(buffer, 0, end + 2) is None:
+            raise MalformedAnswer("the answer's trailer section is malformed")
+        return self._finish(buffer[end + 4 :])
+
+
+def _parse_head(buffer: bytes, fields_end: int, head_only: bool) -> Head:
+    """The head in ``buffer[:fields_end]`` (its last CRLF included), checked."""
+    status_line = _STATUS_LINE.match(buffer, 0, fields_end)
+    if status_line is None:
+        raise MalformedAnswer(_status_line_fault(buffer[: buffer.find(b"\r\n")]))
+    if _FIELD_LINES.fullmatch(buffer, status_line.end(), fields_end) is None:
+        raise MalformedAnswer(_field_fault(buffer[status_line.end() : fields_end]))
+    try:
+        reason = (status_line[3] or b"").decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedAnswer("reason phrase is not valid UTF-8") from None
+    headers: CIMultiDict[str] = CIMultiDict()
+    block = buffer[status_line.end() : fields_end - 2]
+    if block:
+        for raw_line in block.split(b"\r\n"):
+            raw_name, _, raw_value = raw_line.partition(b":")
+            name = raw_name.decode("ascii")  # a token: ASCII by the match above
+            try:
+                value = raw_value.strip(b" \t").decode("utf-8")
+            except UnicodeDecodeError:
+                raise MalformedAnswer(f"header {name} is not valid UTF-8") from None
+            headers.add(name, value)
+    status = int(status_line[2])
+    http10 = status_line[1] == b"0"
+    if status == 101:
+        raise MalformedAnswer("an unsolicited 101 Switching Protocols")
+    framing, length = _framing(headers, status, head_only, http10)
+    keep_alive = not http10 and "close" not in _tokens(headers.getall("Connection", ()))
+    return Head(status, reason, CIMultiDictProxy(headers), framing, length, keep_alive)
+
+
+def _framing(
+    headers: CIMultiDict[str], status: int, head_only: bool, http10: bool
+) -> tuple[Framing, int | None]:
+    """How the body is delimited (RFC 9112 §6.3), refusing every ambiguous case."""
+    if head_only or status < 200 or status in (204, 304):
+        return Framing.NONE, None
+    codings = _tokens(headers.getall("Transfer-Encoding", ()))
+    lengths = _tokens(headers.getall("Content-Length", ()))
+    if codings:
+        if lengths:
+            raise MalformedAnswer("both Transfer-Encoding and Content-Length")
+        if http10:
+            raise MalformedAnswer("Transfer-Encoding in an HTTP/1.0 answer")
+        if codings != ["chunked"]:
+            raise MalformedAnswer(f"transfer coding {', '.join(codings)!r} is not a lone chunked")
+        return Framing.CHUNKED, None
+    if lengths:
+        if not all(value.isdigit() and value.isascii() for value in lengths):
+            raise MalformedAnswer("Content-Length is not a number")
+        if len({int(value) for value in lengths}) > 1:
+            raise MalformedAnswer("conflicting Content-Length values")
+        return Framing.LENGTH, int(lengths[0])
+    return Framing.UNTIL_CLOSE, None
+
+
+def _tokens(values: Iterable[str]) -> list[str]:
+    """The comma-separated elements of a list-valued field, lower-cased, empties dropped."""
+    return [token for value in values for raw in value.split(",") if (token := raw.strip().lower())]
+
+
+def _status_line_fault(line: bytes) -> str:
+    """Which rule a status line breaks, for the 502's ``details.reason``."""
+    loose = re.match(rb"HTTP/1\.[01] ([0-9]{3})(?: |$)", line)
+    if loose is not None and not 100 <= int(loose[1]) <= 599:
+        return f"status {int(loose[1])} out of range"
+    if loose is not None and _CONTROL.search(line):
+        return "a control byte in the reason phrase"
+    return "the status line is malformed"
+
+
+def _field_fault(block: bytes) -> str:
+    """Which rule a field block breaks, for the 502's ``details.reason``."""
+    for line in block.split(b"\r\n")[:-1]:
+        if line[:1] in (b" ", b"\t"):
+            return "a folded header line (obs-fold)"
+        name, colon, value = line.partition(b":")
+        if not colon:
+            return "a header line has no colon"
+        if not name or name != name.strip(b" \t"):
+            return "whitespace before a header's colon"
+        if re.fullmatch(_TOKEN, name) is None:
+            return "a header name is not a token"
+        if _CONTROL.search(value):
+            return "a control byte in a header value"
+    return "a line of the head does not end in CRLF"
