@@ -34,8 +34,9 @@ _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 # LF and control bytes all fail to match.
 _FIELD_LINES = re.compile(rb"(?:" + _TOKEN + rb":[\t\x20-\x7e\x80-\xff]*\r\n)*")
 _STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: ([\t\x20-\x7e\x80-\xff]*))?\r\n")
-# chunk-size [ chunk-ext ] CRLF (RFC 9112 §7.1); extensions are read past, never used.
-_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[\t ]*;[\t\x20-\x7e\x80-\xff]*)?\r\n")
+# chunk-size [ chunk-ext ] CRLF (RFC 9112 §7.1), whitespace after the size allowed as h11
+# does; extensions are read past, never used.
+_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[\t ]*(?:;[\t\x20-\x7e\x80-\xff]*)?\r\n")
 _MAX_CHUNK_LINE = 4096
 _CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
