@@ -204,11 +204,14 @@ class Settings(Tuning, BaseSettings):
         populate_by_name=True,
     )
 
-    host: str = "0.0.0.0"
+    # Loopback by default: the proxy relays to the tools for anyone who reaches it and the
+    # admin port has no authentication. A container sets what it needs (the image, the
+    # chart, the compose files and ``inject`` do).
+    host: str = "127.0.0.1"
     port: Port = 8090
     # Apart from ``host`` so the proxy can stay on loopback while probes and scrapes reach
     # the admin port from the pod network.
-    admin_host: str = "0.0.0.0"
+    admin_host: str = "127.0.0.1"
     admin_port: Port = 9464
     upstream_url: AnyHttpUrl | None = None
     config_file: Path | None = None

@@ -14,7 +14,8 @@ UPSTREAM = "http://127.0.0.1:8080"
 def test_defaults_are_the_contracts():
     settings = load_settings(upstream_url=UPSTREAM)
 
-    assert (settings.host, settings.port, settings.admin_port) == ("0.0.0.0", 8090, 9464)
+    assert (settings.host, settings.port, settings.admin_port) == ("127.0.0.1", 8090, 9464)
+    assert settings.admin_host == "127.0.0.1"
     assert settings.max_retries == 3
     assert (settings.backoff_base_ms, settings.backoff_max_ms) == (1000, 10000)
     assert settings.backoff_multiplier == 2.0
