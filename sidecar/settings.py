@@ -411,9 +411,52 @@ def unknown_variables(environ: Mapping[str, str]) -> list[UnknownVariable]:
     return unknown
 
 
+# How alike a mistyped name and some run of a setting name's words must be to be suggested.
+_SUGGEST_CUTOFF = 0.8
+
+
 def _closest(word: str, candidates: Collection[str]) -> str | None:
-    found = difflib.get_close_matches(word, candidates, n=1)
-    return found[0] if found else None
+    """The candidate ``word`` most likely meant, or None when none is alike.
+
+    Beside the whole names, ``word`` is compared with each run of a name's
+    ``_``-separated words, singular and plural alike, and counts as alike when its words
+    all appear in the name in order: ``retrys`` is the ``retries`` of ``max_retries`` and
+    ``llm_key`` is ``llm_api_key``, which a comparison of whole names alone misses. Ties go
+    to the closer whole name.
+    """
+    typed = _stem(word.lower())
+
+    def likeness(candidate: str) -> tuple[float, float]:
+        whole = difflib.SequenceMatcher(None, word.lower(), candidate).ratio()
+        words = _stem(candidate).split("_")
+        if _in_order(typed.split("_"), words):
+            return 1.0, whole
+        runs = [
+            "_".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)
+        ]
+        return max(difflib.SequenceMatcher(None, typed, run).ratio() for run in runs), whole
+
+    scored = {candidate: likeness(candidate) for candidate in candidates}
+    best = max(scored, key=scored.__getitem__, default=None)
+    return best if best is not None and max(scored[best]) >= _SUGGEST_CUTOFF else None
+
+
+def _in_order(words: list[str], within: list[str]) -> bool:
+    """Whether ``words`` all appear in ``within``, in the same order."""
+    remaining = iter(within)
+    return all(word in remaining for word in words)
+
+
+def _stem(name: str) -> str:
+    """``name`` with each word made singular the simple way (``retries`` -> ``retry``)."""
+    return "_".join(
+        word[:-3] + "y"
+        if word.endswith("ies")
+        else word[:-1]
+        if word.endswith("s") and not word.endswith("ss")
+        else word
+        for word in name.split("_")
+    )
 
 
 def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:

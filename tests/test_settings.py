@@ -267,3 +267,24 @@ def test_unknown_variables_name_the_setting_they_most_likely_meant():
         ("SIDECAR_QQQ", None),
         ("sidecar_log_levl", "SIDECAR_LOG_LEVEL"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("SIDECAR_RETRYS", "SIDECAR_MAX_RETRIES"),
+        ("SIDECAR_RETRIES", "SIDECAR_MAX_RETRIES"),
+        ("SIDECAR_BACKOFF_BASE", "SIDECAR_BACKOFF_BASE_MS"),
+        ("SIDECAR_UPSTREAM", "SIDECAR_UPSTREAM_URL"),
+        ("SIDECAR_RETRY_BUDGET", "SIDECAR_RETRY_BUDGET_RATIO"),
+        ("SIDECAR_LLM_KEY", "SIDECAR_LLM_API_KEY"),
+        ("SIDECAR_ACCES_LOG", "SIDECAR_ACCESS_LOG"),
+        ("SIDECAR_CIRCUIT_FAILURE", "SIDECAR_CIRCUIT_FAILURES"),
+        ("SIDECAR_STATUS_RETRY", None),
+    ],
+)
+def test_an_unknown_variable_is_compared_with_every_setting_by_its_words(typed, meant):
+    # Not only near-misses of a whole name: a name that is part of a setting's name, or
+    # one word of it mistyped, gets a suggestion too.
+    [unknown] = unknown_variables({typed: "3"})
+    assert unknown.suggestion == meant
