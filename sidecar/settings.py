@@ -61,12 +61,40 @@ def _refuse_bool(value: Any) -> Any:
     return value
 
 
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?")
+_MS_PER_UNIT = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+DURATION_HELP = "must be a whole number of milliseconds, or a duration such as 200ms, 1.5s or 2m"
+
+
+def _milliseconds(value: Any) -> Any:
+    """A duration setting's value in whole milliseconds: a number is milliseconds already,
+    a string may carry a unit (``200ms``, ``1.5s``, ``2m``, ``1h``). Booleans were refused
+    before this runs; bounds are checked after it."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise ValueError(DURATION_HELP)
+    if isinstance(value, str):
+        found = _DURATION.fullmatch(value.strip().lower())
+        if found and found[2] is None and "." not in found[1]:
+            return int(found[1])  # exact, however large: the bound check names the limit
+        if found:
+            milliseconds = float(found[1]) * _MS_PER_UNIT[found[2] or "ms"]
+            if milliseconds.is_integer():
+                return int(milliseconds)
+    raise ValueError(DURATION_HELP)
+
+
 # The types of numeric settings: none takes a boolean, and each states its bounds.
 _NOT_BOOL = BeforeValidator(_refuse_bool)
 Count = Annotated[int, Field(ge=0), _NOT_BOOL]
 Number = Annotated[float, Field(allow_inf_nan=False), _NOT_BOOL]
 Port = Annotated[int, Field(ge=0, le=65535), _NOT_BOOL]
-DurationMs = Annotated[int, Field(ge=0, le=MAX_DURATION_MS), _NOT_BOOL]
+DurationMs = Annotated[
+    int, Field(ge=0, le=MAX_DURATION_MS), BeforeValidator(_milliseconds), _NOT_BOOL
+]
 
 
 class Tuning(BaseModel):
@@ -302,6 +330,15 @@ class Settings(Tuning, BaseSettings):
         )
 
 
+# Variables other tools use for the same settings, read below the ``SIDECAR_`` ones.
+FOREIGN_VARIABLES = {
+    "GOMIND_AGENT_MAX_RETRIES": "max_retries",
+    "GOMIND_AGENT_RETRY_BACKOFF_MS": "backoff_base_ms",
+    "OPENAI_BASE_URL": "llm_base_url",
+    "OPENAI_API_KEY": "llm_api_key",
+}
+
+
 class _ForeignEnvSource(PydanticBaseSettingsSource):
     """Names other tools use for the same settings, below the ``SIDECAR_`` ones."""
 
@@ -310,18 +347,12 @@ class _ForeignEnvSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         env = os.environ
-        values: dict[str, Any] = {}
-        if "GOMIND_AGENT_MAX_RETRIES" in env:
-            values["max_retries"] = env["GOMIND_AGENT_MAX_RETRIES"]
-        if "GOMIND_AGENT_RETRY_BACKOFF_MS" in env:
-            values["backoff_base_ms"] = env["GOMIND_AGENT_RETRY_BACKOFF_MS"]
+        values: dict[str, Any] = {
+            field: env[name] for name, field in FOREIGN_VARIABLES.items() if name in env
+        }
         use_ai = env.get("GOMIND_AGENT_USE_AI_CORRECTION", "").strip().lower()
         if use_ai in ("false", "0", "no", "off"):
             values["repair"] = "deterministic"
-        if "OPENAI_BASE_URL" in env:
-            values["llm_base_url"] = env["OPENAI_BASE_URL"]
-        if "OPENAI_API_KEY" in env:
-            values["llm_api_key"] = env["OPENAI_API_KEY"]
         return values
 
 
@@ -377,7 +408,7 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(_describe(exc, given=overrides)) from None
     except SettingsError as exc:
         # Says which variable could not be parsed (SIDECAR_ROUTES is JSON), not its value.
         raise ConfigError(f"configuration error: {exc}") from None
@@ -483,8 +514,11 @@ def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
     return tuple(routes)
 
 
-def _describe(exc: ValidationError, prefix: str = "") -> str:
-    """One line naming each failing field and why; input values are never shown."""
+def _describe(
+    exc: ValidationError, prefix: str = "", given: Mapping[str, Any] | None = None
+) -> str:
+    """One line naming each failing field where it was written, and why; input values are
+    never shown. ``given`` holds the settings passed in code (the command line's flags)."""
     problems = []
     for error in exc.errors(include_input=False, include_url=False):
         loc = ".".join(str(part) for part in error["loc"] if part != "overrides")
@@ -496,8 +530,22 @@ def _describe(exc: ValidationError, prefix: str = "") -> str:
         elif prefix or "." in loc or not loc.isidentifier():
             problems.append(f"{prefix}{loc}: {message}")
         else:
-            problems.append(f"{loc} ({ENV_PREFIX}{loc.upper()}): {message}")
+            problems.append(f"{_written_as(loc, given or {})}: {message}")
     return "configuration error: " + "; ".join(problems)
+
+
+def _written_as(field: str, given: Mapping[str, Any]) -> str:
+    """A top-level setting as its reader wrote it: with the variable that held it, or as a
+    key of the config file, the one source left when no variable holds it."""
+    variable = ENV_PREFIX + field.upper()
+    if given.get(field) is not None or variable in {
+        name.upper() for name, value in os.environ.items() if value
+    }:
+        return f"{field} ({variable})"
+    for name, target in FOREIGN_VARIABLES.items():
+        if target == field and name in os.environ:
+            return f"{field} ({name})"
+    return f"{field} in the config file"
 
 
 def _unknown_key(loc: tuple[str | int, ...]) -> str:

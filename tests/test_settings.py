@@ -94,6 +94,58 @@ routes:
     assert search.tuning.max_retries == 7
 
 
+def test_durations_in_the_file_take_a_unit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(
+        """
+backoff_base_ms: 200ms
+per_try_timeout_ms: 1.5s
+request_timeout_ms: 2m
+backoff_max_ms: 5000
+routes:
+  - name: slow
+    prefix: /slow
+    upstream: http://slow-tool:8080
+    per_try_timeout_ms: 1h
+"""
+    )
+    monkeypatch.setenv("SIDECAR_CONFIG_FILE", str(config))
+    monkeypatch.setenv("SIDECAR_CLIENT_TIMEOUT_MS", "45s")
+
+    settings = load_settings()
+    [slow] = resolve_routes(settings)
+
+    assert (settings.backoff_base_ms, settings.per_try_timeout_ms) == (200, 1500)
+    assert (settings.request_timeout_ms, settings.backoff_max_ms) == (120000, 5000)
+    assert settings.client_timeout_ms == 45000
+    assert slow.tuning.per_try_timeout_ms == 3600000
+
+
+@pytest.mark.parametrize("written", ["200 msec", "2d", "1.5", "0.5ms", "fast"])
+def test_a_duration_without_a_known_unit_names_the_file_key_and_milliseconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str
+):
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(f"backoff_base_ms: {written}\n")
+    monkeypatch.setenv("SIDECAR_CONFIG_FILE", str(config))
+
+    with pytest.raises(ConfigError) as raised:
+        load_settings(upstream_url=UPSTREAM)
+
+    # The value came from the file: the key is named as written there, not as a variable.
+    assert str(raised.value) == (
+        "configuration error: backoff_base_ms in the config file: must be a whole number of "
+        "milliseconds, or a duration such as 200ms, 1.5s or 2m"
+    )
+
+
+def test_a_bad_duration_in_the_environment_names_its_variable(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SIDECAR_BACKOFF_BASE_MS", "soon")
+
+    with pytest.raises(ConfigError, match=r"backoff_base_ms \(SIDECAR_BACKOFF_BASE_MS\): must"):
+        load_settings(upstream_url=UPSTREAM)
+
+
 def test_gomind_names_are_aliases_below_sidecar_names(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("GOMIND_AGENT_MAX_RETRIES", "6")
     monkeypatch.setenv("GOMIND_AGENT_RETRY_BACKOFF_MS", "250")

@@ -71,7 +71,7 @@ CASES = {
         {"SIDECAR_DRAIN_TIMEOUT_MS": str(2**64)},
     ),
     "a boolean for a port": Case(
-        "port (SIDECAR_PORT): must be a number, not true or false", config=b"port: true\n"
+        "port in the config file: must be a number, not true or false", config=b"port: true\n"
     ),
     "a boolean for a count": Case(
         "routes[0] (a).max_retries: must be a number, not true or false",
