@@ -16,9 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 from pydantic.fields import FieldInfo
 
-from sidecar.settings import ENV_PREFIX, RouteSpec, Settings, Tuning
+from sidecar.observe import Metrics
+from sidecar.settings import ENV_PREFIX, RouteSpec, Settings, Tuning, load_settings, resolve_routes
 from tests.conftest import unused_port
 
 ROOT = Path(__file__).parent.parent
@@ -178,3 +180,32 @@ async def test_the_readme_agent_snippet_calls_a_tool_through_the_sidecar(make_to
     client = namespace["client"]
     assert client.max_retries == 0
     assert str(client.base_url) == f"{sidecar_url}/v1/"
+
+
+def test_every_metric_says_what_it_counts_and_when():
+    operations = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    counted = tables(operations)["What each counts, and when"]
+    registry = CollectorRegistry()
+    Metrics(registry)
+    families = {family.name for family in registry.collect() if family.name.startswith("sidecar_")}
+    # prometheus-client names a counter's family without its _total.
+    documented = {name.removesuffix("_total") for name in counted}
+
+    assert documented == families
+
+
+def test_the_tuning_page_is_linked_and_its_example_is_a_configuration_that_loads(
+    tmp_path: Path, monkeypatch: Any
+):
+    tuning = (ROOT / "docs" / "tuning.md").read_text(encoding="utf-8")
+    assert "(docs/tuning.md)" in README.read_text(encoding="utf-8")
+    [example] = code_blocks(tuning, "yaml")
+    (tmp_path / "sidecar.yaml").write_text(example)
+    monkeypatch.setenv("SIDECAR_CONFIG_FILE", str(tmp_path / "sidecar.yaml"))
+
+    routes = resolve_routes(load_settings())
+
+    assert {route.name for route in routes} == {"reports", "search"}
+    # The page's own rule: each route's deadline leaves room for a retry.
+    for route in routes:
+        assert route.tuning.request_timeout_ms > 2 * route.tuning.per_try_timeout_ms
