@@ -9,10 +9,15 @@ COPY sidecar ./sidecar
 RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
 
 FROM python:3.11-slim
+# The sidecar listens on 127.0.0.1 unless told otherwise, and a container's loopback cannot
+# be reached through a published port or from another container: the image listens on
+# every interface. In a pod, `inject` and the chart put the proxy back on loopback.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    SIDECAR_HOST=0.0.0.0 \
+    SIDECAR_ADMIN_HOST=0.0.0.0
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl \
     && rm -rf /wheels \

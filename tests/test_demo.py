@@ -87,10 +87,20 @@ def test_demo_command_without_a_model_says_so_and_exits_0():
 
     assert result.returncode == 0, result.stdout + result.stderr
     blocks = scenario_blocks(result.stdout)
+    heading = blocks[5].splitlines()[0]
+    assert "LLM" in heading and "repaired" not in heading and "none is configured" in heading
     assert "this scenario needs an LLM" in blocks[5]
     assert "agent got    404 (not-retryable)" in blocks[5]
     assert "LOCATION_NOT_FOUND" in blocks[5]
-    assert "Summary, from the sidecar's /metrics:" in result.stdout
+    # A long body is cut between words, and says so.
+    for line in result.stdout.splitlines():
+        if " … (" in line:
+            assert re.search(r'[\s,:{}\[\]"\d] … \(\d+ bytes in all\)$', line), line
+    assert " … (" in blocks[5]
+    # The summary is the sidecar's own counters, not the process's.
+    summary = result.stdout.split("Summary, from the sidecar's /metrics:\n")[1]
+    rows = [line.split()[0] for line in summary.splitlines()[1:] if line.startswith("  ")]
+    assert rows and all(row.startswith("sidecar_") for row in rows), rows
     assert result.stderr == ""
 
 

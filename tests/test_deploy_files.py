@@ -67,6 +67,27 @@ def test_chart_and_compose_settings_are_real_settings():
     assert set(compose_settings) <= set(Settings.model_fields)
 
 
+def test_every_container_says_where_the_sidecar_listens():
+    # The sidecar defaults to loopback; each way of running it in a container sets both
+    # addresses itself rather than inherit whatever the image or the default says.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "SIDECAR_HOST=0.0.0.0" in dockerfile and "SIDECAR_ADMIN_HOST=0.0.0.0" in dockerfile
+    for name in ("docker-compose.yml", "docker-compose.fleet.yml"):
+        services = yaml.safe_load((ROOT / "deploy" / name).read_text())["services"]
+        sidecars = [
+            s for s in services.values() if "SIDECAR_UPSTREAM_URL" in s.get("environment", {})
+        ]
+        assert sidecars, name
+        for service in sidecars:
+            assert service["environment"]["SIDECAR_HOST"] == "0.0.0.0", name
+            assert "SIDECAR_ADMIN_HOST" in service["environment"], name
+    helpers = (ROOT / "helm/tool-retry-sidecar/templates/_helpers.tpl").read_text()
+    assert "{name: SIDECAR_HOST, value: {{ .Values.sidecar.host | quote }}}" in helpers
+    assert '{name: SIDECAR_ADMIN_HOST, value: "0.0.0.0"}' in helpers
+    values = yaml.safe_load((ROOT / "helm/tool-retry-sidecar/values.yaml").read_text())
+    assert values["sidecar"]["host"] == "127.0.0.1"
+
+
 def unknown_keys(given: Any, defaults: Any, path: str = "") -> list[str]:
     """Keys of ``given`` that ``defaults`` lacks; Helm ignores such a key without a word."""
     if not isinstance(given, dict) or not isinstance(defaults, dict) or not defaults:

@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shutil
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 from pydantic.fields import FieldInfo
 
-from sidecar.settings import ENV_PREFIX, RouteSpec, Settings, Tuning
+from sidecar.observe import Metrics
+from sidecar.settings import ENV_PREFIX, RouteSpec, Settings, Tuning, load_settings, resolve_routes
+from tests.conftest import unused_port
 
 ROOT = Path(__file__).parent.parent
 CONFIGURATION = ROOT / "docs" / "configuration.md"
@@ -123,14 +129,35 @@ def test_the_readme_first_screen_has_the_commands_an_agent_snippet_and_kubernete
     assert "tool-retry-sidecar inject - --image" in first_screen
 
 
-def test_the_quickstart_waits_for_readiness_before_its_first_call():
+def quickstart() -> str:
     readme = README.read_text(encoding="utf-8")
-    quickstart = next(block for block in code_blocks(readme, "sh") if "serve --upstream" in block)
+    return next(block for block in code_blocks(readme, "sh") if "serve --upstream" in block)
 
-    started = quickstart.index("tool-retry-sidecar serve")
-    ready = quickstart.index("until curl -sf http://127.0.0.1:9464/readyz")
-    first_call = quickstart.index("curl -i http://127.0.0.1:8090/")
+
+def test_the_quickstart_waits_for_readiness_before_its_first_call():
+    started = quickstart().index("tool-retry-sidecar serve")
+    ready = quickstart().index("http://127.0.0.1:9464/readyz")
+    first_call = quickstart().index("curl -i http://127.0.0.1:8090/")
     assert started < ready < first_call
+
+
+def test_the_quickstart_wait_gives_up_in_bounded_time_and_says_so():
+    # The wait as pasted (its continuation line joined), pointed at a port where nothing
+    # listens, as when the sidecar failed to start; its bound shortened to keep this fast.
+    lines = quickstart().replace("\\\n", "").splitlines()
+    [wait] = [line for line in lines if "/readyz" in line]
+    bound = int(re.search(r"--retry-max-time (\d+)", wait)[1])
+    assert bound <= 30 and f"not ready after {bound} s" in wait
+    script = wait.replace("127.0.0.1:9464", f"127.0.0.1:{unused_port()}").replace(
+        f"--retry-max-time {bound}", "--retry-max-time 2"
+    )
+    assert shutil.which("curl"), "the Quickstart needs curl"
+
+    started = time.monotonic()
+    gave_up = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+
+    assert time.monotonic() - started < 15
+    assert gave_up.stdout == f"the sidecar is not ready after {bound} s: its lines above say why\n"
 
 
 async def test_the_readme_agent_snippet_calls_a_tool_through_the_sidecar(make_tool, make_sidecar):
@@ -153,3 +180,32 @@ async def test_the_readme_agent_snippet_calls_a_tool_through_the_sidecar(make_to
     client = namespace["client"]
     assert client.max_retries == 0
     assert str(client.base_url) == f"{sidecar_url}/v1/"
+
+
+def test_every_metric_says_what_it_counts_and_when():
+    operations = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    counted = tables(operations)["What each counts, and when"]
+    registry = CollectorRegistry()
+    Metrics(registry)
+    families = {family.name for family in registry.collect() if family.name.startswith("sidecar_")}
+    # prometheus-client names a counter's family without its _total.
+    documented = {name.removesuffix("_total") for name in counted}
+
+    assert documented == families
+
+
+def test_the_tuning_page_is_linked_and_its_example_is_a_configuration_that_loads(
+    tmp_path: Path, monkeypatch: Any
+):
+    tuning = (ROOT / "docs" / "tuning.md").read_text(encoding="utf-8")
+    assert "(docs/tuning.md)" in README.read_text(encoding="utf-8")
+    [example] = code_blocks(tuning, "yaml")
+    (tmp_path / "sidecar.yaml").write_text(example)
+    monkeypatch.setenv("SIDECAR_CONFIG_FILE", str(tmp_path / "sidecar.yaml"))
+
+    routes = resolve_routes(load_settings())
+
+    assert {route.name for route in routes} == {"reports", "search"}
+    # The page's own rule: each route's deadline leaves room for a retry.
+    for route in routes:
+        assert route.tuning.request_timeout_ms > 2 * route.tuning.per_try_timeout_ms

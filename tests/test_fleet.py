@@ -1,4 +1,5 @@
-"""Fleet state on a real redis-server: what one sidecar learns, every replica acts on."""
+"""Fleet state on a real Redis-compatible server: what one sidecar learns, every replica
+acts on."""
 
 from __future__ import annotations
 
@@ -420,3 +421,17 @@ async def test_one_model_call_repairs_an_identical_failure_on_every_replica(
         for secret in (API_KEY.encode(), b"agt-0042"):
             assert secret not in key
             assert secret not in value
+
+
+def test_the_store_comes_from_the_dev_extra_not_the_path(tmp_path, monkeypatch):
+    # A machine with Python alone has no redis-server anywhere: the fleet tests must find
+    # their server through the dev extra's wheel, never skip or fail for want of one.
+    monkeypatch.setenv("PATH", str(tmp_path))
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        client = server.client()
+        assert client.ping()
+        client.close()
+    finally:
+        server.kill()

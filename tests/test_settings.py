@@ -14,7 +14,8 @@ UPSTREAM = "http://127.0.0.1:8080"
 def test_defaults_are_the_contracts():
     settings = load_settings(upstream_url=UPSTREAM)
 
-    assert (settings.host, settings.port, settings.admin_port) == ("0.0.0.0", 8090, 9464)
+    assert (settings.host, settings.port, settings.admin_port) == ("127.0.0.1", 8090, 9464)
+    assert settings.admin_host == "127.0.0.1"
     assert settings.max_retries == 3
     assert (settings.backoff_base_ms, settings.backoff_max_ms) == (1000, 10000)
     assert settings.backoff_multiplier == 2.0
@@ -91,6 +92,58 @@ routes:
     assert weather.tuning.max_retries == 1
     assert weather.tuning.backoff_base_ms == 300
     assert search.tuning.max_retries == 7
+
+
+def test_durations_in_the_file_take_a_unit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(
+        """
+backoff_base_ms: 200ms
+per_try_timeout_ms: 1.5s
+request_timeout_ms: 2m
+backoff_max_ms: 5000
+routes:
+  - name: slow
+    prefix: /slow
+    upstream: http://slow-tool:8080
+    per_try_timeout_ms: 1h
+"""
+    )
+    monkeypatch.setenv("SIDECAR_CONFIG_FILE", str(config))
+    monkeypatch.setenv("SIDECAR_CLIENT_TIMEOUT_MS", "45s")
+
+    settings = load_settings()
+    [slow] = resolve_routes(settings)
+
+    assert (settings.backoff_base_ms, settings.per_try_timeout_ms) == (200, 1500)
+    assert (settings.request_timeout_ms, settings.backoff_max_ms) == (120000, 5000)
+    assert settings.client_timeout_ms == 45000
+    assert slow.tuning.per_try_timeout_ms == 3600000
+
+
+@pytest.mark.parametrize("written", ["200 msec", "2d", "1.5", "0.5ms", "fast"])
+def test_a_duration_without_a_known_unit_names_the_file_key_and_milliseconds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, written: str
+):
+    config = tmp_path / "sidecar.yaml"
+    config.write_text(f"backoff_base_ms: {written}\n")
+    monkeypatch.setenv("SIDECAR_CONFIG_FILE", str(config))
+
+    with pytest.raises(ConfigError) as raised:
+        load_settings(upstream_url=UPSTREAM)
+
+    # The value came from the file: the key is named as written there, not as a variable.
+    assert str(raised.value) == (
+        "configuration error: backoff_base_ms in the config file: must be a whole number of "
+        "milliseconds, or a duration such as 200ms, 1.5s or 2m"
+    )
+
+
+def test_a_bad_duration_in_the_environment_names_its_variable(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("SIDECAR_BACKOFF_BASE_MS", "soon")
+
+    with pytest.raises(ConfigError, match=r"backoff_base_ms \(SIDECAR_BACKOFF_BASE_MS\): must"):
+        load_settings(upstream_url=UPSTREAM)
 
 
 def test_gomind_names_are_aliases_below_sidecar_names(monkeypatch: pytest.MonkeyPatch):
@@ -266,3 +319,24 @@ def test_unknown_variables_name_the_setting_they_most_likely_meant():
         ("SIDECAR_QQQ", None),
         ("sidecar_log_levl", "SIDECAR_LOG_LEVEL"),
     ]
+
+
+@pytest.mark.parametrize(
+    ("typed", "meant"),
+    [
+        ("SIDECAR_RETRYS", "SIDECAR_MAX_RETRIES"),
+        ("SIDECAR_RETRIES", "SIDECAR_MAX_RETRIES"),
+        ("SIDECAR_BACKOFF_BASE", "SIDECAR_BACKOFF_BASE_MS"),
+        ("SIDECAR_UPSTREAM", "SIDECAR_UPSTREAM_URL"),
+        ("SIDECAR_RETRY_BUDGET", "SIDECAR_RETRY_BUDGET_RATIO"),
+        ("SIDECAR_LLM_KEY", "SIDECAR_LLM_API_KEY"),
+        ("SIDECAR_ACCES_LOG", "SIDECAR_ACCESS_LOG"),
+        ("SIDECAR_CIRCUIT_FAILURE", "SIDECAR_CIRCUIT_FAILURES"),
+        ("SIDECAR_STATUS_RETRY", None),
+    ],
+)
+def test_an_unknown_variable_is_compared_with_every_setting_by_its_words(typed, meant):
+    # Not only near-misses of a whole name: a name that is part of a setting's name, or
+    # one word of it mistyped, gets a suggestion too.
+    [unknown] = unknown_variables({typed: "3"})
+    assert unknown.suggestion == meant

@@ -71,7 +71,7 @@ CASES = {
         {"SIDECAR_DRAIN_TIMEOUT_MS": str(2**64)},
     ),
     "a boolean for a port": Case(
-        "port (SIDECAR_PORT): must be a number, not true or false", config=b"port: true\n"
+        "port in the config file: must be a number, not true or false", config=b"port: true\n"
     ),
     "a boolean for a count": Case(
         "routes[0] (a).max_retries: must be a number, not true or false",
@@ -116,6 +116,25 @@ def test_a_start_that_cannot_succeed_says_why_in_one_line(
     assert "Traceback" not in result.stderr + result.stdout
     [line] = result.stderr.splitlines()
     assert case.expected.format(busy=busy_port) in line
+    assert "sidecar_started" not in result.stdout
+
+
+@pytest.mark.parametrize("command", ["serve", "check-config"])
+def test_tracing_without_the_otel_extra_names_the_install_command(command, tmp_path: Path):
+    # An empty ``opentelemetry`` package first on the path hides the installed one, as a
+    # plain ``pip install tool-retry-sidecar`` (no extras) leaves it.
+    (tmp_path / "opentelemetry").mkdir()
+    (tmp_path / "opentelemetry" / "__init__.py").write_text("")
+    env = {"PYTHONPATH": str(tmp_path), "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318"}
+
+    result = run_cli(command, "--upstream", UPSTREAM, "--port", "0", "--admin-port", "0", env=env)
+
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert result.stderr.splitlines() == [
+        "configuration error: tracing (OTEL_EXPORTER_OTLP_ENDPOINT) needs the otel extra, "
+        "which is not installed: pip install 'tool-retry-sidecar[otel]'"
+    ]
     assert "sidecar_started" not in result.stdout
 
 

@@ -42,8 +42,20 @@ class Scenario:
     path: str
     payload: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
-    needs_llm: bool = False
+    # A scenario only a model can recover: its title ends with ``with_llm`` when one is
+    # configured and with ``without_llm`` when none is.
+    with_llm: str = ""
+    without_llm: str = ""
     note: str = ""
+
+    @property
+    def needs_llm(self) -> bool:
+        return bool(self.with_llm)
+
+    def heading(self, has_llm: bool) -> str:
+        if not self.needs_llm:
+            return self.title
+        return f"{self.title}: {self.with_llm if has_llm else self.without_llm}"
 
     @property
     def body(self) -> bytes | None:
@@ -79,12 +91,13 @@ SCENARIOS = (
         {"value_c": 21.5, "units": "kelvin"},
     ),
     Scenario(
-        "A city the tool knows only as 'City, State, Country': repaired by the LLM",
+        "A city the tool knows only as 'City, State, Country'",
         "POST",
         "/weather/current",
         {"location": "Flower Mound, TX", "units": "metric"},
         headers={"X-Sidecar-Intent": "What's the weather in Flower Mound, TX right now?"},
-        needs_llm=True,
+        with_llm="repaired by the LLM",
+        without_llm="only an LLM could repair it, and none is configured",
     ),
     Scenario(
         "An auth error: never retried, the agent gets the tool's answer at once",
@@ -146,7 +159,7 @@ async def run_demo(
             for number, scenario in enumerate(SCENARIOS, start=1):
                 report = await _play(agent, sidecar_url, scenario, tool_log)
                 write("")
-                write(f"{number}. {scenario.title}")
+                write(f"{number}. {scenario.heading(has_llm)}")
                 for line in report.lines(has_llm):
                     write(f"   {line}")
                 failures += not report.as_expected(has_llm)
@@ -235,11 +248,12 @@ async def _play(
 
 
 def summary(metrics_text: str) -> list[str]:
-    """A table of what the sidecar counted, read from its own /metrics text."""
+    """A table of what the sidecar counted, read from its own /metrics text: its own
+    counters, not the process and Python ones the same page carries."""
     counts: dict[str, float] = {}
     for family in text_string_to_metric_families(metrics_text):
         for sample in family.samples:
-            if not sample.name.endswith("_total"):
+            if not (sample.name.startswith("sidecar_") and sample.name.endswith("_total")):
                 continue
             labels = ",".join(
                 f"{key}={value}" for key, value in sorted(sample.labels.items()) if key != "route"
@@ -288,5 +302,9 @@ def _writer(out: TextIO) -> Callable[[str], None]:
 
 
 def _json_bytes(body: bytes, limit: int = 160) -> str:
+    """``body`` on one line; past ``limit`` cut after a whole word, saying it was cut."""
     text = re.sub(r"\s+", " ", body.decode("utf-8", "replace")).strip()
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit)
+    return f"{text[: cut if cut > 0 else limit]} … ({len(body)} bytes in all)"

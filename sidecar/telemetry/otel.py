@@ -8,7 +8,8 @@ endpoint, its headers and timeout, the sampler, the service name, resource attri
 batch sizes) is the SDK's own reading of its own variables.
 
 The SDK is imported only when tracing is on: the sidecar that does not trace does not
-carry it in memory.
+carry it in memory. It comes with the ``otel`` extra; tracing asked for without it is a
+configuration error, found at start-up and by ``check-config``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sidecar import __version__
+from sidecar.extras import require_extra
 from sidecar.settings import ConfigError
 
 if TYPE_CHECKING:
@@ -28,18 +30,28 @@ _PROTOCOL = "http/protobuf"
 
 
 def tracing_exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
-    """The exporters the environment asks for; empty when tracing is off."""
+    """The exporters the environment asks for; empty when tracing is off.
+
+    Raises ``ConfigError`` when they cannot be had: an exporter or protocol not shipped,
+    or the ``otel`` extra not installed.
+    """
     if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return ()
     named = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if not named:
-        endpoint = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or environ.get(
-            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        turned_on_by = next(
+            (
+                name
+                for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+                if environ.get(name)
+            ),
+            None,
         )
-        if not endpoint:
+        if turned_on_by is None:
             return ()
         exporters: tuple[str, ...] = ("otlp",)
     else:
+        turned_on_by = "OTEL_TRACES_EXPORTER"
         exporters = tuple(name.strip() for name in named.split(",") if name.strip())
         if "none" in exporters:
             return ()
@@ -59,21 +71,17 @@ def tracing_exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
             f"configuration error: OTEL_EXPORTER_OTLP_PROTOCOL: {protocol} is not supported, "
             f"only {_PROTOCOL}"
         )
+    require_extra("otel", f"tracing ({turned_on_by})")
     return exporters
 
 
 def tracer_provider(exporters: tuple[str, ...]) -> TracerProvider:
     """A provider exporting through ``exporters`` in batches, sampled as the environment says."""
-    try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
-    except ImportError:
-        raise ConfigError(
-            "configuration error: tracing is configured (OTEL_*) but the OpenTelemetry SDK "
-            "is not installed: "
-            "install tool-retry-sidecar[otel]"
-        ) from None
+    # ``tracing_exporters`` made sure the otel extra is installed.
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+
     resource = Resource.create({"service.version": __version__})
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
