@@ -20,7 +20,7 @@ from pathlib import Path
 from processes import SIDECAR_ON_LOOPBACK, Bench, free_port, wait_for_port
 from run import HERE, LOAD_CORE, OK_JSON, PROXY_CORE, PYTHON, nginx_config, wrk
 
-UPSTREAM_CLIENT = "the upstream client (sidecar/http1.py, or aiohttp's client before it)"
+UPSTREAM_CLIENT = "the upstream client (sidecar/transport/; in 0.3 sidecar/http1.py)"
 AIOHTTP_CLIENT = (
     "aiohttp/client",
     "aiohttp/connector",
@@ -48,7 +48,8 @@ def client_frame(frame: str) -> bool:
     """A frame of the upstream client: this tree's, or aiohttp's and the wrappers
     (``_Staged*``) the sidecar had around it."""
     return (
-        "sidecar/http1.py" in frame
+        "sidecar/transport/" in frame
+        or "sidecar/http1.py" in frame
         or "_Staged" in frame
         or any(part in frame for part in AIOHTTP_CLIENT)
     )

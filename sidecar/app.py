@@ -60,7 +60,9 @@ def server_kwargs(settings: Settings) -> dict[str, Any]:
     closed: aiohttp's own default holds it for an hour. After an answer to a request
     whose body was not read whole, the rest is read and dropped for a short while only.
     The request line and each header line may be as long as the whole header limit
-    (aiohttp's default is 8 KiB a line); the proxy holds the section's total to it.
+    (aiohttp's default is 8 KiB a line); the proxy holds the section's total to it. A
+    header line's limit is one byte more, so that aiohttp's refusal tells by its limit
+    which line was too long (414 or 431); the section's total catches that byte.
     """
     return {
         "handler_cancellation": True,
@@ -69,7 +71,7 @@ def server_kwargs(settings: Settings) -> dict[str, Any]:
         "keepalive_timeout": settings.client_timeout_ms / 1000,
         "lingering_time": LINGERING_S,
         "max_line_size": settings.max_header_bytes,
-        "max_field_size": settings.max_header_bytes,
+        "max_field_size": settings.max_header_bytes + 1,
     }
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -35,8 +34,6 @@ from sidecar.upstream import (
 _log = structlog.get_logger("sidecar")
 
 ProxyHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-# What aiohttp's parser quotes when the request line, not a header line, is too long.
-_REQUEST_LINE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+ ")
 
 
 @dataclass(slots=True)
@@ -109,7 +106,11 @@ class Proxy:
                 await _continue(request)
             _check_head(request, self._max_header_bytes)
         except errors.Refusal as refusal:
-            return refusal.response(own_report(refusal.error))
+            # What else the agent sent on this connection cannot be trusted to be framed
+            # as it thinks.
+            refused = refusal.response(own_report(refusal.error))
+            refused.force_close()
+            return refused
         target = self._routes.match(request.raw_path)
         if target is None:
             tokens = bind_contextvars(request_id=request_id, path=path)
@@ -397,6 +398,10 @@ class ProxyServer(web.Server):
 
 
 class _ProxyRequestHandler(web.RequestHandler):
+    def __init__(self, manager: web.Server, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._request_line_limit: int = kwargs["max_line_size"]
+
     def handle_error(
         self,
         request: web.BaseRequest,
@@ -407,18 +412,18 @@ class _ProxyRequestHandler(web.RequestHandler):
         # aiohttp's own handling logs the error (a client's as its fault) and checks that
         # no answer has started yet; its text page is replaced.
         super().handle_error(request, status, exc, message)
-        refusal = _refusal_for(status, exc)
+        refusal = _refusal_for(status, exc, self._request_line_limit)
         response = refusal.response(own_report(refusal.error))
         response.force_close()
         return response
 
 
-def _refusal_for(status: int, exc: BaseException | None) -> errors.Refusal:
+def _refusal_for(status: int, exc: BaseException | None, request_line_limit: int) -> errors.Refusal:
     if status >= 500:
         return errors.Refusal(errors.SIDECAR_ERROR, "the sidecar failed to handle the request")
     if isinstance(exc, LineTooLong):
-        line = exc.args[0] if exc.args else b""
-        if isinstance(line, bytes) and _REQUEST_LINE.match(line):
+        # aiohttp names the limit that was passed: the request line's, or a header line's.
+        if exc.args[1:2] == (request_line_limit,):
             return errors.Refusal(errors.URI_TOO_LONG, "the request line is too long")
         return errors.Refusal(errors.HEADERS_TOO_LARGE, "a header line of the request is too long")
     return errors.Refusal(errors.BAD_REQUEST, "the request is not valid HTTP/1.1")
