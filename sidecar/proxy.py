@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -220,7 +220,7 @@ class Proxy:
                 response = await relay(request, result.answer, report)
                 return response
             if isinstance(body, _StreamedBody) and body.exceeded:
-                response = self._too_large(report)
+                response = self._too_large().response(report)
             elif isinstance(body, _StreamedBody) and body.stalled:
                 response = _client_too_slow().response(report)
                 response.force_close()
@@ -248,10 +248,7 @@ class Proxy:
                 trail=trail,
             )
 
-    def _too_large(self, report: Mapping[str, str]) -> web.Response:
-        return self._too_large_refusal().response(report)
-
-    def _too_large_refusal(self) -> errors.Refusal:
+    def _too_large(self) -> errors.Refusal:
         return errors.Refusal(
             errors.REQUEST_TOO_LARGE,
             "request body is larger than the sidecar accepts",
@@ -268,7 +265,7 @@ class Proxy:
         """
         declared = request.content_length
         if declared is not None and self._max_request_bytes and declared > self._max_request_bytes:
-            raise self._too_large_refusal()
+            raise self._too_large()
         if not request.body_exists:
             return b""
         try:
@@ -288,7 +285,7 @@ class Proxy:
         except TimeoutError:
             raise _client_too_slow() from None
         if self._max_request_bytes and len(head) > self._max_request_bytes:
-            raise self._too_large_refusal()
+            raise self._too_large()
         return _StreamedBody(bytes(head), request, self._max_request_bytes, self._client_timeout_s)
 
 

@@ -164,6 +164,11 @@ MALFORMED = [
         "a control byte in the reason phrase",
     ),
     (
+        "latin-1-header",
+        b"HTTP/1.1 200 OK\r\nX-Foo: caf\xe9\r\nContent-Length: 5\r\n\r\nhello",
+        "header X-Foo is not valid UTF-8",
+    ),
+    (
         "unsolicited-101",
         b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: upgrade\r\n\r\n",
         "an unsolicited 101 Switching Protocols",

@@ -243,21 +243,22 @@ def _parse_head(buffer: bytes, fields_end: int, head_only: bool) -> Head:
         raise MalformedAnswer("reason phrase is not valid UTF-8") from None
     headers: CIMultiDict[str] = CIMultiDict()
     block = buffer[status_line.end() : fields_end - 2]
-    if block:
-        for raw_line in block.split(b"\r\n"):
-            raw_name, _, raw_value = raw_line.partition(b":")
-            name = raw_name.decode("ascii")  # a token: ASCII by the match above
-            try:
-                value = raw_value.strip(b" \t").decode("utf-8")
-            except UnicodeDecodeError:
-                raise MalformedAnswer(f"header {name} is not valid UTF-8") from None
-            headers.add(name, value)
+    try:
+        text = block.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MalformedAnswer(_undecodable(block)) from None
+    if text:
+        for line in text.split("\r\n"):
+            name, _, value = line.partition(":")
+            headers.add(name, value.strip(" \t"))
     status = int(status_line[2])
     http10 = status_line[1] == b"0"
     if status == 101:
         raise MalformedAnswer("an unsolicited 101 Switching Protocols")
     framing, length = _framing(headers, status, head_only, http10)
-    keep_alive = not http10 and "close" not in _tokens(headers.getall("Connection", ()))
+    keep_alive = not http10 and (
+        "Connection" not in headers or "close" not in _tokens(headers.getall("Connection"))
+    )
     return Head(status, reason, CIMultiDictProxy(headers), framing, length, keep_alive)
 
 
@@ -267,8 +268,11 @@ def _framing(
     """How the body is delimited (RFC 9112 §6.3), refusing every ambiguous case."""
     if head_only or status < 200 or status in (204, 304):
         return Framing.NONE, None
-    codings = _tokens(headers.getall("Transfer-Encoding", ()))
-    lengths = _tokens(headers.getall("Content-Length", ()))
+    codings = _tokens(headers.getall("Transfer-Encoding")) if "Transfer-Encoding" in headers else []
+    lengths = headers.getall("Content-Length", ())
+    if len(lengths) == 1 and lengths[0].isdigit() and lengths[0].isascii() and not codings:
+        return Framing.LENGTH, int(lengths[0])  # the usual case, said once
+    lengths = _tokens(lengths)
     if codings:
         if lengths:
             raise MalformedAnswer("both Transfer-Encoding and Content-Length")
@@ -289,6 +293,17 @@ def _framing(
 def _tokens(values: Iterable[str]) -> list[str]:
     """The comma-separated elements of a list-valued field, lower-cased, empties dropped."""
     return [token for value in values for raw in value.split(",") if (token := raw.strip().lower())]
+
+
+def _undecodable(block: bytes) -> str:
+    """Which header's bytes are not UTF-8."""
+    for line in block.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return f"header {name.decode('ascii')} is not valid UTF-8"
+    raise AssertionError("a block that does not decode has a line that does not")
 
 
 def _status_line_fault(line: bytes) -> str:

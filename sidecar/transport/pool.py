@@ -103,9 +103,16 @@ class Pool:
             async with asyncio.timeout_at(deadline):
                 connection = await self._acquire(key, progress)
         progress.stage = Stage.CONNECTED
+        # A streamed body without a declared length goes chunked.
+        chunked = not isinstance(body, bytes) and "Content-Length" not in headers
         try:
             head, body_stream = await connection.exchange(
-                method, _head(url, method, headers, body), body, progress, deadline
+                method,
+                _head(url, method, headers, body, chunked),
+                body,
+                chunked,
+                progress,
+                deadline,
             )
         except BaseException:
             self.release(connection, reuse=False)
@@ -206,12 +213,14 @@ def _verifying_context() -> ssl.SSLContext:
     return context
 
 
-def _head(url: URL, method: str, headers: CIMultiDict[str], body: RequestBody) -> bytes:
+def _head(
+    url: URL, method: str, headers: CIMultiDict[str], body: RequestBody, chunked: bool
+) -> bytes:
     """The request line and header block.
 
     ``headers`` hold the agent's ``Content-Length``, if it sent one, stating the length of
-    ``body``. A buffered body the agent sent chunked gets its length; a streamed one
-    without a length goes chunked. A request without a body gets no framing header.
+    ``body``. A buffered body the agent sent chunked gets its length. A request without a
+    body gets no framing header.
     """
     lines = [f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
     for name, value in headers.items():
@@ -219,11 +228,10 @@ def _head(url: URL, method: str, headers: CIMultiDict[str], body: RequestBody) -
             # It would end the field early and start a header (or a request) of its own.
             raise ValueError(f"header {name} holds a line break")
         lines.append(f"{name}: {value}\r\n")
-    if "Content-Length" not in headers:
-        if not isinstance(body, bytes):
-            lines.append("Transfer-Encoding: chunked\r\n")
-        elif body:
-            lines.append(f"Content-Length: {len(body)}\r\n")
+    if chunked:
+        lines.append("Transfer-Encoding: chunked\r\n")
+    elif isinstance(body, bytes) and body and "Content-Length" not in headers:
+        lines.append(f"Content-Length: {len(body)}\r\n")
     lines.append("\r\n")
     return "".join(lines).encode("utf-8")
 
@@ -300,6 +308,7 @@ class _Connection(asyncio.Protocol):
         method: str,
         head: bytes,
         body: RequestBody,
+        chunked: bool,
         progress: Progress,
         deadline: float,
     ) -> tuple[Head, BodyStream]:
@@ -316,7 +325,7 @@ class _Connection(asyncio.Protocol):
         if isinstance(body, bytes):
             transport.write(head + body if body else head)
         else:
-            self._chunked = b"\r\nTransfer-Encoding: chunked\r\n\r\n" in head
+            self._chunked = chunked
             transport.write(head)
             self._writer = loop.create_task(self._write_body(body))
         progress.stage = Stage.SENT
