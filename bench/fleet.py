@@ -41,11 +41,11 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.fleet import StateStore
-from sidecar.observe import Metrics
+from sidecar.config.settings import load_settings, resolve_routes
 from sidecar.repair.llm import LlmAnswer
-from sidecar.settings import load_settings, resolve_routes
+from sidecar.retry.guards.fleet import StateStore
 from sidecar.telemetry import build_hooks
+from sidecar.telemetry.observe import Metrics
 from tests.processes import RunningSidecar, sidecar_process
 from tests.redis_store import RedisServer
 

@@ -99,7 +99,7 @@ def summarize(raw: str) -> None:
     below_handler = [
         (function, count)
         for function, count in inclusive.most_common()
-        if count < inclusive.get("Proxy.handle (sidecar/proxy.py", total)
+        if count < inclusive.get("Proxy.handle (sidecar/serve/proxy.py", total)
     ]
     for function, count in below_handler[:20]:
         print(f"{count / total:6.1%}  {function})")

@@ -12,10 +12,11 @@ from typing import Any, TypeVar
 
 import structlog
 
-from sidecar import __version__, inject_args
-from sidecar.observe import configure_logging
-from sidecar.server import StartupError, serve
-from sidecar.settings import ConfigError, Settings, load_settings, masked, unknown_variables
+from sidecar import __version__
+from sidecar.config.settings import ConfigError, Settings, load_settings, masked, unknown_variables
+from sidecar.inject import args as inject_args
+from sidecar.serve.server import StartupError, serve
+from sidecar.telemetry.observe import configure_logging
 from sidecar.telemetry.otel import tracing_exporters
 
 # Bad configuration, or a start that cannot succeed as configured (a port in use).
@@ -109,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(_with_default_command(sys.argv[1:] if argv is None else argv))
     # Each command loads only what it needs: the served process stays small.
     if args.command == "inject":
-        from sidecar import inject
+        from sidecar.inject import transform as inject
 
         return inject.run(args)
     if args.command == "demo":

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import orjson
 from aiohttp import web
 
-from sidecar.respond import ExactResponse
+from sidecar.serve.respond import ExactResponse
 
 
 class AttemptError(enum.Enum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from sidecar.settings import ConfigError
+from sidecar.config.settings import ConfigError
 
 DISTRIBUTION = "tool-retry-sidecar"
 

@@ -20,8 +20,8 @@ from hypothesis import settings as hypothesis_settings
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from sidecar.app import create_app, proxy_server, running
-from sidecar.settings import load_settings
+from sidecar.config.settings import load_settings
+from sidecar.serve.app import create_app, proxy_server, running
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

@@ -8,7 +8,7 @@ import logging
 import pytest
 from aiohttp import web
 
-from sidecar.app import create_admin_app
+from sidecar.serve.app import create_admin_app
 from tests.rawhttp import raw_exchange
 
 

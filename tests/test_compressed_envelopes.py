@@ -12,7 +12,7 @@ from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.envelopes import MAX_INFLATED_BYTES, decoded_text, inspect
+from sidecar.tool.envelopes import MAX_INFLATED_BYTES, decoded_text, inspect
 from tests.conftest import scripted
 
 ENVELOPE = orjson.dumps(

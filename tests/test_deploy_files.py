@@ -10,9 +10,9 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 
-from sidecar.inject_pod import ADMIN_PORT_NAME, CONFIG_DIR, CONFIG_KEY, INJECTED_LABEL
-from sidecar.observe import Metrics
-from sidecar.settings import RouteSpec, Settings
+from sidecar.config.settings import RouteSpec, Settings
+from sidecar.inject.pod import ADMIN_PORT_NAME, CONFIG_DIR, CONFIG_KEY, INJECTED_LABEL
+from sidecar.telemetry.observe import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 METRIC = re.compile(r"\b(?:sidecar|process)_[a-z_]+")

@@ -19,8 +19,15 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic.fields import FieldInfo
 
-from sidecar.observe import Metrics
-from sidecar.settings import ENV_PREFIX, RouteSpec, Settings, Tuning, load_settings, resolve_routes
+from sidecar.config.settings import (
+    ENV_PREFIX,
+    RouteSpec,
+    Settings,
+    Tuning,
+    load_settings,
+    resolve_routes,
+)
+from sidecar.telemetry.observe import Metrics
 from tests.conftest import unused_port
 
 ROOT = Path(__file__).parent.parent

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.classify import Action, Reply, classify
-from sidecar.envelopes import decoded_text, inspect, parse_failure
 from sidecar.errors import AttemptError
+from sidecar.retry.classify import Action, Reply, classify
+from sidecar.tool.envelopes import decoded_text, inspect, parse_failure
 
 RETRY_ON = frozenset({500, 502, 503, 504})
 

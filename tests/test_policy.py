@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.budget import RetryBudget
-from sidecar.circuit import CircuitBreaker, CircuitState, Ticket
-from sidecar.controls import request_controls
-from sidecar.policy import Backoff, Limits, Outcome, Wait, plan_wait
-from sidecar.settings import Tuning
+from sidecar.config.settings import Tuning
+from sidecar.retry.controls import request_controls
+from sidecar.retry.guards.budget import RetryBudget
+from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
+from sidecar.retry.policy import Backoff, Limits, Outcome, Wait, plan_wait
 from tests.conftest import FakeClock
 
 

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.envelopes import ToolFailure
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
 from sidecar.repair.llm import Refused, check_correction
 from sidecar.repair.redact import Redactor, is_secret_name
 from sidecar.repair.schemas import RouteSchema, parse_document, resolve
+from sidecar.tool.envelopes import ToolFailure
 
 POINT = {
     "type": "object",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from sidecar.routing import RouteTable
-from sidecar.settings import load_settings, resolve_routes
+from sidecar.config.settings import load_settings, resolve_routes
+from sidecar.serve.routing import RouteTable
 
 
 def table(*routes: dict) -> RouteTable:

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.settings import ConfigError, load_settings, masked, resolve_routes, unknown_variables
+from sidecar.config.settings import (
+    ConfigError,
+    load_settings,
+    masked,
+    resolve_routes,
+    unknown_variables,
+)
 
 UPSTREAM = "http://127.0.0.1:8080"
 

@@ -10,8 +10,8 @@ import sys
 import pytest
 from aiohttp import web
 
-from sidecar.app import HOOKS, create_admin_app, create_app
-from sidecar.settings import ConfigError, load_settings
+from sidecar.config.settings import ConfigError, load_settings
+from sidecar.serve.app import HOOKS, create_admin_app, create_app
 from tests.otlp import ReceivedSpan, Receiver, start_receiver
 
 AGENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -240,8 +240,8 @@ async def test_off_the_agents_traceparent_goes_through_untouched_and_nothing_is_
 def _imports_the_sdk(environment: dict[str, str]) -> bool:
     program = (
         "import sys\n"
-        "from sidecar.app import create_app\n"
-        "from sidecar.settings import load_settings\n"
+        "from sidecar.serve.app import create_app\n"
+        "from sidecar.config.settings import load_settings\n"
         "create_app(load_settings(upstream_url='http://127.0.0.1:9'))\n"
         "print(any(name.startswith('opentelemetry') for name in sys.modules))\n"
     )

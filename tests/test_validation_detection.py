@@ -14,9 +14,9 @@ import pydantic
 import pytest
 from pydantic_core.core_schema import ErrorType
 
-from sidecar.classify import Action, Reply, classify
-from sidecar.envelopes import parse_failure
-from sidecar.validation import FIXABLE_TYPES, LEFT_OUT_TYPES, Finding, find
+from sidecar.retry.classify import Action, Reply, classify
+from sidecar.tool.envelopes import parse_failure
+from sidecar.tool.validation import FIXABLE_TYPES, LEFT_OUT_TYPES, Finding, find
 
 RETRY_ON = frozenset({500, 502, 503, 504})
 

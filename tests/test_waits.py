@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.envelopes import ToolFailure
-from sidecar.waits import (
+from sidecar.retry.waits import (
     duration_seconds,
     milliseconds,
     requested_wait,
     reset_seconds,
     retry_after_seconds,
 )
+from sidecar.tool.envelopes import ToolFailure
 
 NOW = 1_800_000_000.0
 

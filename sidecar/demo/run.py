@@ -22,9 +22,9 @@ import orjson
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.app import LIFECYCLE, create_admin_app, create_app, proxy_runner_for, running
+from sidecar.config.settings import load_settings
 from sidecar.demo.tool import API_KEY, ToolLog, create_tool_app
-from sidecar.settings import load_settings
+from sidecar.serve.app import LIFECYCLE, create_admin_app, create_app, proxy_runner_for, running
 
 # Short waits so the whole demo runs in a few seconds; the tool's own Retry-After (1 s) is
 # honoured as it is.

@@ -13,7 +13,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from sidecar.envelopes import ToolFailure
+from sidecar.tool.envelopes import ToolFailure
 
 _PREFIXES = ("suggested_", "expected_")
 

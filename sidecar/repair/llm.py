@@ -27,18 +27,18 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from sidecar.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
 from sidecar.repair.cache import TtlLru
 from sidecar.repair.coercion import coerce
 from sidecar.repair.payload import fingerprint
 from sidecar.repair.redact import Redactor
 from sidecar.telemetry import Hooks
+from sidecar.tool.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
 
 if TYPE_CHECKING:
     import openai
     from openai.types.chat import ChatCompletionMessageParam
 
-    from sidecar.fleet import RouteState
+    from sidecar.retry.guards.fleet import RouteState
 
 MAX_GROWTH = 4
 _CACHE_ENTRIES = 1024

@@ -9,13 +9,13 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sidecar.classify import Reply
+from sidecar.config.settings import RepairLevel
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
 from sidecar.repair.llm import LlmRepairer, LlmRequest
 from sidecar.repair.payload import Payload, fingerprint
 from sidecar.repair.schemas import SchemaStore
-from sidecar.settings import RepairLevel
+from sidecar.retry.classify import Reply
 from sidecar.telemetry import Hooks
 
 

@@ -10,10 +10,10 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
-from sidecar.observe import Metrics
 from sidecar.telemetry.contract import Hooks, RequestState, Sink
 from sidecar.telemetry.logs import LogSink
 from sidecar.telemetry.metrics import MetricsSink
+from sidecar.telemetry.observe import Metrics
 from sidecar.telemetry.otel import tracer_provider, tracing_exporters
 
 __all__ = ["Hooks", "RequestState", "Sink", "build_hooks"]

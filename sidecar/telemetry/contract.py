@@ -14,8 +14,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from sidecar.envelopes import ToolFailure
-from sidecar.policy import Wait
+from sidecar.retry.policy import Wait
+from sidecar.tool.envelopes import ToolFailure
 
 # Every stage a sink may implement, as a method ``stage(self, state) -> None``.
 STAGES = (

@@ -8,9 +8,9 @@ from typing import Any
 
 import structlog
 
-from sidecar.envelopes import ToolFailure
-from sidecar.policy import GAVE_UP, Outcome
+from sidecar.retry.policy import GAVE_UP, Outcome
 from sidecar.telemetry.contract import RequestState, Sink
+from sidecar.tool.envelopes import ToolFailure
 
 # An open circuit refuses every request at once: one line per route per interval, with
 # the number refused, says as much as thousands of lines would.

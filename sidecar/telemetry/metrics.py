@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecar.observe import Metrics, method_label
 from sidecar.telemetry.contract import RequestState, Sink
+from sidecar.telemetry.observe import Metrics, method_label
 
 
 class _Children:

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sidecar import __version__
+from sidecar.config.settings import ConfigError
 from sidecar.extras import require_extra
-from sidecar.settings import ConfigError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -18,8 +18,8 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from sidecar import __version__
-from sidecar.observe import KNOWN_METHODS
 from sidecar.telemetry.contract import RequestState, Sink
+from sidecar.telemetry.observe import KNOWN_METHODS
 
 _SERVER = "trace.server"
 _ATTEMPT = "trace.attempt"  # the last attempt's span and when it ended, until its reason is known

@@ -13,23 +13,23 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from sidecar.budget import RetryBudget
-from sidecar.circuit import CircuitBreaker, CircuitState, Ticket
-from sidecar.classify import Action, Reply, Verdict, classify
-from sidecar.controls import RequestControls
-from sidecar.envelopes import inspect, json_document
+from sidecar.config.settings import RouteConfig
 from sidecar.errors import AttemptError
-from sidecar.fleet import RouteState, StateStore
 from sidecar.ids import idempotency_key
-from sidecar.policy import Backoff, Limits, Outcome, Wait, plan_cooldown, plan_wait
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
-from sidecar.replay import McpToolHints, mcp_call, safe_to_repeat
-from sidecar.settings import RouteConfig
+from sidecar.retry.classify import Action, Reply, Verdict, classify
+from sidecar.retry.controls import RequestControls
+from sidecar.retry.guards.budget import RetryBudget
+from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
+from sidecar.retry.guards.fleet import RouteState, StateStore
+from sidecar.retry.policy import Backoff, Limits, Outcome, Wait, plan_cooldown, plan_wait
+from sidecar.retry.replay import McpToolHints, mcp_call, safe_to_repeat
+from sidecar.retry.waits import requested_wait
 from sidecar.telemetry import Hooks
+from sidecar.tool.envelopes import inspect, json_document
 from sidecar.transport.pool import Pool
-from sidecar.upstream import Answer, Malformed, UpstreamRequest, exchange
-from sidecar.waits import requested_wait
+from sidecar.transport.upstream import Answer, Malformed, UpstreamRequest, exchange
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sidecar.window import SlidingCounts
+from sidecar.retry.guards.window import SlidingCounts
 
 WINDOW_S = 10.0
 _REQUESTS, _RETRIES = 0, 1

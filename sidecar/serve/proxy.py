@@ -15,16 +15,16 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from sidecar import errors, ids
-from sidecar.controls import request_controls
-from sidecar.engine import Engine, Result
 from sidecar.errors import AttemptError
-from sidecar.observe import UNMATCHED_ROUTE
-from sidecar.policy import GAVE_UP, Outcome
-from sidecar.relay import relay
 from sidecar.repair.payload import Payload
-from sidecar.routing import RouteTable, Target, has_dot_segment
+from sidecar.retry.controls import request_controls
+from sidecar.retry.engine import Engine, Result
+from sidecar.retry.policy import GAVE_UP, Outcome
+from sidecar.serve.relay import relay
+from sidecar.serve.routing import RouteTable, Target, has_dot_segment
 from sidecar.telemetry import Hooks
-from sidecar.upstream import (
+from sidecar.telemetry.observe import UNMATCHED_ROUTE
+from sidecar.transport.upstream import (
     UpstreamRequest,
     read_deadline,
     undeliverable_header,

@@ -23,7 +23,7 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.window import SlidingCounts
+from sidecar.retry.guards.window import SlidingCounts
 
 _REQUESTS, _FAILURES = 0, 1
 

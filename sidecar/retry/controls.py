@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecar.settings import REPAIR_LEVELS, RepairLevel, Tuning
+from sidecar.config.settings import REPAIR_LEVELS, RepairLevel, Tuning
 
 MAX_RETRIES = "X-Sidecar-Max-Retries"
 TIMEOUT_MS = "X-Sidecar-Timeout-Ms"

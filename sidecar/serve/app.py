@@ -15,17 +15,17 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.openmetrics import exposition as openmetrics
 from yarl import URL
 
-from sidecar.engine import Clock, Engine, Sleep
-from sidecar.fleet import StateStore
-from sidecar.observe import Metrics, http_server_logger
-from sidecar.proxy import Proxy, ProxyServer
+from sidecar.config.settings import Settings, resolve_routes
 from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
-from sidecar.routing import RouteTable
-from sidecar.settings import Settings, resolve_routes
+from sidecar.retry.engine import Clock, Engine, Sleep
+from sidecar.retry.guards.fleet import StateStore
+from sidecar.serve.proxy import Proxy, ProxyServer
+from sidecar.serve.routing import RouteTable
 from sidecar.telemetry import Hooks, build_hooks
-from sidecar.upstream import create_pool
+from sidecar.telemetry.observe import Metrics, http_server_logger
+from sidecar.transport.upstream import create_pool
 
 if TYPE_CHECKING:
     import openai

@@ -15,7 +15,9 @@ import structlog
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.app import (
+from sidecar.config.settings import Settings, resolve_routes
+from sidecar.errors import out_of_descriptors
+from sidecar.serve.app import (
     HOOKS,
     LIFECYCLE,
     PROXY,
@@ -24,8 +26,6 @@ from sidecar.app import (
     proxy_runner_for,
     running,
 )
-from sidecar.errors import out_of_descriptors
-from sidecar.settings import Settings, resolve_routes
 from sidecar.telemetry import Hooks
 
 # Connections the kernel may queue before the sidecar accepts them. An agent fleet that

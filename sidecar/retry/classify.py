@@ -6,9 +6,9 @@ import enum
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sidecar.envelopes import CATEGORY_STATUS, ToolFailure
 from sidecar.errors import AttemptError
-from sidecar.validation import Finding, find
+from sidecar.tool.envelopes import CATEGORY_STATUS, ToolFailure
+from sidecar.tool.validation import Finding, find
 
 
 class Action(enum.Enum):

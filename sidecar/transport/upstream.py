@@ -16,8 +16,8 @@ from typing import Protocol
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from sidecar.envelopes import first_event
 from sidecar.errors import AttemptError, out_of_descriptors
+from sidecar.tool.envelopes import first_event
 from sidecar.transport.answer import MalformedAnswer
 from sidecar.transport.pool import ConnectionBroken, Pool, Progress, RequestBody, Response, Stage
 

@@ -7,10 +7,10 @@ from collections.abc import Mapping
 import structlog
 from aiohttp import web
 
-from sidecar.respond import ExactResponse, ExactStreamResponse
+from sidecar.serve.respond import ExactResponse, ExactStreamResponse
 from sidecar.transport.answer import MalformedAnswer
 from sidecar.transport.pool import ConnectionBroken
-from sidecar.upstream import Answer, end_to_end_headers
+from sidecar.transport.upstream import Answer, end_to_end_headers
 
 _log = structlog.get_logger("sidecar")
 

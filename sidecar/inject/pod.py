@@ -17,8 +17,8 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from yarl import URL
 
 from sidecar import __version__
-from sidecar.inject_args import CONFIG_KEY
-from sidecar.inject_yaml import dump, load
+from sidecar.inject.args import CONFIG_KEY
+from sidecar.inject.yamltext import dump, load
 
 SIDECAR_NAME = "tool-retry-sidecar"
 STATUS_ANNOTATION = "tool-retry-sidecar/status"

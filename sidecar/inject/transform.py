@@ -22,8 +22,9 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from sidecar.inject_args import CONFIG_KEY
-from sidecar.inject_pod import (
+from sidecar.config.settings import ConfigError, load_settings
+from sidecar.inject.args import CONFIG_KEY
+from sidecar.inject.pod import (
     SIDECAR_NAME,
     InjectError,
     Sidecar,
@@ -33,7 +34,7 @@ from sidecar.inject_pod import (
     read_status,
     remove,
 )
-from sidecar.inject_yaml import (
+from sidecar.inject.yamltext import (
     Document,
     ManifestError,
     join,
@@ -42,7 +43,6 @@ from sidecar.inject_yaml import (
     split,
     stream_style,
 )
-from sidecar.settings import ConfigError, load_settings
 
 EXIT_INPUT_ERROR = 1
 EXIT_CONFIG_ERROR = 2

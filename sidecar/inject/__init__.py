@@ -1,0 +1,1 @@
+"""``tool-retry-sidecar inject``: Kubernetes manifests in, with the sidecar added out."""

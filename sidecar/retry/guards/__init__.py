@@ -1,0 +1,1 @@
+"""What keeps retries from making an outage worse: budget, circuit, fleet state."""

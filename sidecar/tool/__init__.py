@@ -1,0 +1,1 @@
+"""Reading what a tool says: its error envelope and its validation messages."""
