@@ -85,19 +85,27 @@ def test_requested_waits_are_spread_up_to_a_quarter_within_the_limits():
     assert plan(requested_s=0.0, backoff=stretching) == Wait(0.0, "retry_after")
 
 
+def try_spend(budget: RetryBudget) -> bool:
+    """What the engine does before a retry: spend the budget when it has room."""
+    if not budget.available():
+        return False
+    budget.spend()
+    return True
+
+
 def test_budget_allows_the_floor_plus_a_ratio_of_requests_in_the_window():
     clock = FakeClock()
     budget = RetryBudget(ratio=0.2, min_per_s=0.1, clock=clock)  # floor: 1 per 10 s
     for _ in range(10):
         budget.record_request()
-    spent = sum(budget.try_spend() for _ in range(10))
+    spent = sum(try_spend(budget) for _ in range(10))
     assert spent == 3  # 0.2 * 10 + 1
 
     clock.now += 10.1  # the window has moved past every request and retry
     budget.record_request()
-    assert budget.try_spend() is True
-    assert budget.try_spend() is True  # floor 1 + 0.2 of 1 request
-    assert budget.try_spend() is False
+    assert try_spend(budget) is True
+    assert try_spend(budget) is True  # floor 1 + 0.2 of 1 request
+    assert try_spend(budget) is False
 
 
 def breaker(clock: FakeClock, **overrides) -> CircuitBreaker:

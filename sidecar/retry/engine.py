@@ -20,10 +20,19 @@ from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
 from sidecar.retry.classify import Action, Reply, Verdict, classify
 from sidecar.retry.controls import RequestControls
+from sidecar.retry.decide import (
+    AfterAttempt,
+    AskRepair,
+    RepairAnswer,
+    Retry,
+    SendRepaired,
+    Stop,
+    decide,
+)
 from sidecar.retry.guards.budget import RetryBudget
 from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
 from sidecar.retry.guards.fleet import RouteState, StateStore
-from sidecar.retry.policy import Backoff, Limits, Outcome, Wait, plan_cooldown, plan_wait
+from sidecar.retry.policy import Backoff, Limits, Outcome, Wait, plan_cooldown
 from sidecar.retry.replay import McpToolHints, mcp_call, safe_to_repeat
 from sidecar.retry.waits import requested_wait
 from sidecar.telemetry import Hooks
@@ -399,27 +408,48 @@ class _Run:
 
     async def _next_step(self, attempt: _Attempt) -> Result | Wait | None:
         """What follows an attempt: a result to return, a wait, or (``None``) a repaired
-        payload to send at once."""
-        verdict = attempt.verdict
-        if verdict.action is Action.DONE:
-            if verdict.success:
-                return self._stop(Outcome.OK if self.attempts == 1 else Outcome.RECOVERED, attempt)
-            if verdict.reason == "overloaded":
-                return self._stop(Outcome.OVERLOADED, attempt)
-            slow = isinstance(attempt.result, Answer) and attempt.result.slow
-            return self._stop(Outcome.NOT_RETRYABLE, attempt, "stop=slow_body" if slow else None)
-        if attempt.result is AttemptError.TIMEOUT and attempt.cut_by_deadline:
-            return self._stop(Outcome.DEADLINE, attempt, "stop=deadline")
-        if self.payload is None or (verdict.only_if_safe and not self.replay_safe):
-            # Sending it again could run the tool's work twice; the agent decides.
-            return self._stop(Outcome.NOT_RETRYABLE, attempt, "stop=not_replayable")
-        if verdict.action is Action.REPAIR:
+        payload to send at once. ``decide`` says which; this carries it out."""
+        decision = decide(self._known_after(attempt), self.guards.backoff)
+        proposal = None
+        if isinstance(decision, AskRepair):
             proposal = await self._repair(attempt)
-            if proposal.payload is not None and proposal.layer is not None:
-                return self._send_repaired(attempt, proposal.payload, proposal.layer)
-            if not proposal.retry_same:
-                return self._stop(Outcome.NOT_RETRYABLE, attempt, "repair=none")
-        return self._wait_for_same(attempt)
+            repaired = proposal.layer if proposal.payload is not None else None
+            answer = RepairAnswer(repaired, proposal.retry_same)
+            decision = decide(self._known_after(attempt, answer), self.guards.backoff)
+        if isinstance(decision, Stop):
+            if decision.outcome is Outcome.BUDGET:
+                self.hooks.budget_exhausted(self.route.name)
+            return self._stop(decision.outcome, attempt, decision.note)
+        self.guards.budget.spend()
+        self.retries += 1
+        if isinstance(decision, SendRepaired):
+            assert proposal is not None and proposal.payload is not None
+            self.hooks.repaired_retry(self.route.name, self.attempts, attempt.label, decision.layer)
+            self.trail.append(f"{attempt.label} repair={decision.layer}")
+            self.unjudged_layer = decision.layer
+            self._send_next(proposal.payload)
+            return None
+        assert isinstance(decision, Retry)
+        return self._wait_for_same(attempt, decision.wait)
+
+    def _known_after(self, attempt: _Attempt, repair: RepairAnswer | None = None) -> AfterAttempt:
+        """What the decision after ``attempt`` needs to know, as of now."""
+        result = attempt.result
+        return AfterAttempt(
+            verdict=attempt.verdict,
+            retries=self.retries,
+            limits=self.limits,
+            time_left_s=self.deadline - self.clock(),
+            budget_left=self.guards.budget.available(),
+            replayable=self.payload is not None,
+            safe_to_repeat=self.replay_safe,
+            cut_by_deadline=attempt.cut_by_deadline,
+            slow_body=isinstance(result, Answer) and result.slow,
+            not_connected=result in _NOT_CONNECTED,
+            requested_s=attempt.requested_s,
+            previous_wait_s=self.previous_wait,
+            repair=repair,
+        )
 
     async def _repair(self, attempt: _Attempt) -> Proposal:
         assert attempt.reply is not None and self.payload is not None
@@ -443,40 +473,8 @@ class _Run:
         self.llm_repairs_left -= proposal.llm_repairs
         return proposal
 
-    def _send_repaired(self, attempt: _Attempt, payload: Payload, layer: str) -> Result | None:
-        """Send a repaired payload next, at once, if the limits allow another attempt."""
-        if self.retries >= self.limits.max_retries:
-            stopped = Outcome.EXHAUSTED
-        elif self.deadline - self.clock() <= 0:
-            stopped = Outcome.DEADLINE
-        elif not self.guards.budget.try_spend():
-            self.hooks.budget_exhausted(self.route.name)
-            stopped = Outcome.BUDGET
-        else:
-            self.hooks.repaired_retry(self.route.name, self.attempts, attempt.label, layer)
-            self.trail.append(f"{attempt.label} repair={layer}")
-            self.unjudged_layer = layer
-            self._send_next(payload)
-            self.retries += 1
-            return None
-        return self._stop(stopped, attempt, f"stop={stopped.value}")
-
-    def _wait_for_same(self, attempt: _Attempt) -> Result | Wait:
-        """The wait before sending the same payload again, or why it will not be sent."""
-        plan = plan_wait(
-            retries_done=self.retries,
-            limits=self.limits,
-            requested_s=attempt.requested_s,
-            backoff=self.guards.backoff,
-            previous_s=self.previous_wait,
-            time_left_s=self.deadline - self.clock(),
-            unreachable=attempt.result in _NOT_CONNECTED,
-        )
-        if isinstance(plan, Wait) and not self.guards.budget.try_spend():
-            self.hooks.budget_exhausted(self.route.name)
-            plan = Outcome.BUDGET
-        if isinstance(plan, Outcome):
-            return self._stop(plan, attempt, f"stop={plan.value}")
+    def _wait_for_same(self, attempt: _Attempt, wait: Wait) -> Wait:
+        """Get ready to send the same payload again after ``wait``."""
         if self.last_answer is not None and not self.last_answer.complete:
             # An answer still streaming holds a connection; it cannot wait for us.
             self.last_answer.discard()
@@ -487,13 +485,12 @@ class _Run:
             self.attempts,
             attempt.label,
             verdict.reason if verdict.action is Action.RETRY else "server_error",
-            plan,
+            wait,
             attempt.reply.failure if attempt.reply else None,
         )
-        self.trail.append(f"{attempt.label} {plan.source}={_seconds(plan.seconds)}")
-        self.retries += 1
-        self.previous_wait = plan.seconds
-        return plan
+        self.trail.append(f"{attempt.label} {wait.source}={_seconds(wait.seconds)}")
+        self.previous_wait = wait.seconds
+        return wait
 
     def _stop(self, outcome: Outcome, attempt: _Attempt, note: str | None = None) -> Result:
         self.trail.append(f"{attempt.label} {note}" if note else attempt.label)

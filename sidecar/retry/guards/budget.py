@@ -28,10 +28,11 @@ class RetryBudget:
         """A new request (not a retry) arrived."""
         self._counts.add(_REQUESTS)
 
-    def try_spend(self) -> bool:
-        """Take one retry from the budget, if there is one left."""
+    def available(self) -> bool:
+        """Whether one more retry fits in the budget now."""
         requests, retries = self._counts.totals()
-        if retries >= self._ratio * requests + self._floor:
-            return False
+        return retries < self._ratio * requests + self._floor
+
+    def spend(self) -> None:
+        """A retry was made: it counts against the budget."""
         self._counts.add(_RETRIES)
-        return True
