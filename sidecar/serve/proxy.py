@@ -24,6 +24,7 @@ from sidecar.serve.relay import relay
 from sidecar.serve.routing import RouteTable, Target, has_dot_segment
 from sidecar.telemetry import Hooks
 from sidecar.telemetry.observe import UNMATCHED_ROUTE
+from sidecar.transport.pool import RequestBody
 from sidecar.transport.upstream import (
     UpstreamRequest,
     read_deadline,
@@ -34,6 +35,22 @@ from sidecar.transport.upstream import (
 _log = structlog.get_logger("sidecar")
 
 ProxyHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+@dataclass(slots=True)
+class _Call:
+    """One agent request as the proxy reports it when it ends (``request_finished``)."""
+
+    method: str
+    route: str
+    started: float | None = None  # set once the request is taken on for a route
+    status: int = 0
+    outcome: str = Outcome.NOT_RETRYABLE
+    attempts: int = 0
+    trail: str = ""
+
+    def elapsed_s(self) -> float:
+        return 0.0 if self.started is None else time.monotonic() - self.started
 
 
 @dataclass(slots=True)
@@ -98,9 +115,6 @@ class Proxy:
         self._draining = False
 
     async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
-        request_id = request.headers.get("X-Request-ID") or ids.request_id()
-        # The path without its query, which may hold credentials.
-        path = request.rel_url.raw_path
         try:
             if request.headers.get("Expect"):
                 await _continue(request)
@@ -111,53 +125,41 @@ class Proxy:
             refused = refusal.response(own_report(refusal.error))
             refused.force_close()
             return refused
+        request_id = request.headers.get("X-Request-ID") or ids.request_id()
         target = self._routes.match(request.raw_path)
+        call = _Call(request.method, target.route.name if target else UNMATCHED_ROUTE)
+        # Every line logged for this request carries these (the path without its query,
+        # which may hold credentials). Set and reset by token: structlog's
+        # ``bound_contextvars`` first copies the whole context to save it.
+        path = request.rel_url.raw_path
         if target is None:
             tokens = bind_contextvars(request_id=request_id, path=path)
-            self._hooks.request_finished(
-                UNMATCHED_ROUTE, request.method, "not-retryable", 404, 0, 0.0, matched=False
+        else:
+            tokens = bind_contextvars(
+                request_id=request_id, route=call.route, method=call.method, path=path
             )
-            reset_contextvars(**tokens)
-            return errors.error_response(
-                errors.NO_ROUTE,
-                _no_route_message(request.method),
-                {"path": request.path},
-                own_report(errors.NO_ROUTE),
-            )
-        if self._max_in_flight and len(self._running) >= self._max_in_flight:
-            self._hooks.sidecar_overloaded(target.route.name, "max_in_flight")
-            self._hooks.request_finished(
-                target.route.name, request.method, Outcome.OVERLOADED, 503, 0, 0.0, matched=False
-            )
-            return errors.overloaded_response(
-                self._max_in_flight, own_report(errors.SIDECAR_OVERLOADED)
-            )
-        task = asyncio.current_task()
-        assert task is not None
-        self._running.add(task)
-        self._waiting_for_tool.add(task)
-        self._all_done.clear()
-        # Every line logged for this request carries these. Set and reset by token:
-        # structlog's ``bound_contextvars`` first copies the whole context to save it.
-        tokens = bind_contextvars(
-            request_id=request_id, route=target.route.name, method=request.method, path=path
-        )
         try:
-            response = await self._forward(request, target, request_id, task)
-        except asyncio.CancelledError:
-            if not (self._draining and task in self._waiting_for_tool):
-                raise
-            # The drain time ran out while the tool still had not answered: say so.
-            task.uncancel()
-            response = errors.shutdown_response(
-                report_headers(Outcome.DEADLINE, "shutdown", attempts=None)
-            )
+            if target is None:
+                call.status = 404
+                return errors.error_response(
+                    errors.NO_ROUTE,
+                    _no_route_message(request.method),
+                    {"path": request.path},
+                    own_report(errors.NO_ROUTE),
+                )
+            response = await self._admit(request, target, request_id, call)
         finally:
+            self._hooks.request_finished(
+                call.route,
+                call.method,
+                call.outcome,
+                call.status,
+                call.attempts,
+                call.elapsed_s(),
+                trail=call.trail,
+                matched=call.started is not None,
+            )
             reset_contextvars(**tokens)
-            self._running.discard(task)
-            self._waiting_for_tool.discard(task)
-            if not self._running:
-                self._all_done.set()
         if self._draining:
             response.force_close()
         return response
@@ -175,78 +177,98 @@ class Proxy:
             for task in list(self._running):
                 task.cancel()
 
-    async def _forward(
-        self,
-        request: web.BaseRequest,
-        target: Target,
-        request_id: str,
-        task: asyncio.Task[object],
+    async def _admit(
+        self, request: web.BaseRequest, target: Target, request_id: str, call: _Call
     ) -> web.StreamResponse:
-        started = time.monotonic()
-        route = target.route
-        self._hooks.request_received(route.name, request.method, request.headers)
-        status, outcome, attempts, trail = 0, "not-retryable", 0, ""
+        """Forward the request if there is room for it, keeping the books the drain needs."""
+        if self._max_in_flight and len(self._running) >= self._max_in_flight:
+            self._hooks.sidecar_overloaded(call.route, "max_in_flight")
+            call.outcome, call.status = Outcome.OVERLOADED, 503
+            return errors.overloaded_response(
+                self._max_in_flight, own_report(errors.SIDECAR_OVERLOADED)
+            )
+        task = asyncio.current_task()
+        assert task is not None
+        self._running.add(task)
+        self._waiting_for_tool.add(task)
+        self._all_done.clear()
         try:
-            try:
-                body = await self._read_request_body(request, route.tuning.max_body_bytes)
-            except errors.Refusal as refusal:
-                response: web.StreamResponse = refusal.response(own_report(refusal.error))
-                if refusal.error is errors.CLIENT_TIMEOUT:
-                    response.force_close()
-                status = response.status
-                return response
-            headers = upstream_request_headers(
-                request.headers,
-                client_address=request.remote,
-                scheme=request.scheme,
-                request_id=request_id,
+            return await self._forward(request, target, request_id, call)
+        except asyncio.CancelledError:
+            if not (self._draining and task in self._waiting_for_tool):
+                raise
+            # The drain time ran out while the tool still had not answered: say so.
+            task.uncancel()
+            return errors.shutdown_response(
+                report_headers(Outcome.DEADLINE, "shutdown", attempts=None)
             )
-            result = await self._engine.run(
-                route,
-                UpstreamRequest(
-                    method=request.method,
-                    url=target.url,
-                    headers=headers,
-                    body=body.chunks() if isinstance(body, _StreamedBody) else body,
-                ),
-                request_controls(route.tuning, request.headers),
-                None if isinstance(body, _StreamedBody) else Payload(body),
-            )
-            outcome, attempts, trail = result.outcome, result.attempts, ", ".join(result.trail)
-            self._waiting_for_tool.discard(task)
-            report = _report(result)
-            if result.answer is not None:
-                status = result.answer.status
-                response = await relay(request, result.answer, report)
-                return response
-            if isinstance(body, _StreamedBody) and body.exceeded:
-                response = self._too_large().response(report)
-            elif isinstance(body, _StreamedBody) and body.stalled:
-                response = _client_too_slow().response(report)
-                response.force_close()
-            elif result.circuit_open_for_s is not None:
-                response = errors.circuit_open_response(result.circuit_open_for_s, report)
-            else:
-                assert result.error is not None
-                if result.error.local:
-                    self._hooks.sidecar_overloaded(route.name, result.error.value)
-                elif result.error is AttemptError.MALFORMED:
-                    _log.warning("upstream_answer_broken", reason=result.error_reason)
-                response = errors.attempt_error_response(
-                    result.error, report, reason=result.error_reason
-                )
-            status = response.status
-            return response
         finally:
-            self._hooks.request_finished(
-                route.name,
-                request.method,
-                outcome,
-                status,
-                attempts,
-                time.monotonic() - started,
-                trail=trail,
-            )
+            self._running.discard(task)
+            self._waiting_for_tool.discard(task)
+            if not self._running:
+                self._all_done.set()
+
+    async def _forward(
+        self, request: web.BaseRequest, target: Target, request_id: str, call: _Call
+    ) -> web.StreamResponse:
+        """The request through the retry engine; the tool's answer relayed, or ours."""
+        route = target.route
+        call.started = time.monotonic()
+        self._hooks.request_received(route.name, request.method, request.headers)
+        try:
+            body = await self._read_request_body(request, route.tuning.max_body_bytes)
+        except errors.Refusal as refusal:
+            refused = refusal.response(own_report(refusal.error))
+            if refusal.error is errors.CLIENT_TIMEOUT:
+                refused.force_close()
+            call.status = refused.status
+            return refused
+        headers = upstream_request_headers(
+            request.headers, client_address=request.remote, scheme=request.scheme,
+            request_id=request_id,
+        )  # fmt: skip
+        sent: RequestBody
+        if isinstance(body, _StreamedBody):
+            streamed, sent, payload = body, body.chunks(), None
+        else:
+            streamed, sent, payload = None, body, Payload(body)
+        result = await self._engine.run(
+            route,
+            UpstreamRequest(request.method, target.url, headers, sent),
+            request_controls(route.tuning, request.headers),
+            payload,
+        )
+        call.outcome, call.attempts = result.outcome, result.attempts
+        call.trail = ", ".join(result.trail)
+        task = asyncio.current_task()
+        assert task is not None
+        self._waiting_for_tool.discard(task)
+        if result.answer is not None:
+            call.status = result.answer.status
+            return await relay(request, result.answer, _report(result))
+        response = self._answer_of_our_own(call.route, result, streamed)
+        call.status = response.status
+        return response
+
+    def _answer_of_our_own(
+        self, route: str, result: Result, streamed: _StreamedBody | None
+    ) -> web.Response:
+        """The answer when the tool gave none the agent can have."""
+        report = _report(result)
+        if streamed is not None and streamed.exceeded:
+            return self._too_large().response(report)
+        if streamed is not None and streamed.stalled:
+            response = _client_too_slow().response(report)
+            response.force_close()
+            return response
+        if result.circuit_open_for_s is not None:
+            return errors.circuit_open_response(result.circuit_open_for_s, report)
+        assert result.error is not None
+        if result.error.local:
+            self._hooks.sidecar_overloaded(route, result.error.value)
+        elif result.error is AttemptError.MALFORMED:
+            _log.warning("upstream_answer_broken", reason=result.error_reason)
+        return errors.attempt_error_response(result.error, report, reason=result.error_reason)
 
     def _too_large(self) -> errors.Refusal:
         return errors.Refusal(
