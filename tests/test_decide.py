@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import pytest
 
+from sidecar.outcomes import Outcome, Wait
 from sidecar.retry.classify import Action, Verdict
 from sidecar.retry.decide import (
     AfterAttempt,
@@ -17,7 +18,7 @@ from sidecar.retry.decide import (
     Stop,
     decide,
 )
-from sidecar.retry.policy import Backoff, Limits, Outcome, Wait
+from sidecar.retry.policy import Backoff, Limits
 
 # Jitter that always takes the top of its range: every wait below is exact.
 BACKOFF = Backoff(base_s=1.0, cap_s=10.0, multiplier=2.0, jitter="full", uniform=lambda a, b: b)

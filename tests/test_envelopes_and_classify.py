@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.errors import AttemptError
+from sidecar.outcomes import AttemptError
 from sidecar.retry.classify import Action, Reply, classify
 from sidecar.tool.envelopes import decoded_text, inspect, parse_failure
 

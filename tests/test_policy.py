@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from sidecar.config.settings import Tuning
+from sidecar.outcomes import Outcome, Wait
 from sidecar.retry.controls import request_controls
 from sidecar.retry.guards.budget import RetryBudget
 from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
-from sidecar.retry.policy import Backoff, Limits, Outcome, Wait, plan_wait
+from sidecar.retry.policy import Backoff, Limits, plan_wait
 from tests.conftest import FakeClock
 
 

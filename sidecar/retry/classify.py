@@ -6,7 +6,7 @@ import enum
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from sidecar.errors import AttemptError
+from sidecar.outcomes import AttemptError
 from sidecar.tool.envelopes import CATEGORY_STATUS, ToolFailure
 from sidecar.tool.validation import Finding, find
 

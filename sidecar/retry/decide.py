@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sidecar.outcomes import Outcome, Wait
 from sidecar.retry.classify import Action, Verdict
-from sidecar.retry.policy import Backoff, Limits, Outcome, Wait, plan_wait
+from sidecar.retry.policy import Backoff, Limits, plan_wait
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
 from sidecar.config.settings import RouteConfig
-from sidecar.errors import AttemptError
 from sidecar.ids import idempotency_key
+from sidecar.outcomes import AttemptError, Outcome, Wait
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
 from sidecar.retry.classify import Action, Reply, Verdict, classify
@@ -32,7 +32,7 @@ from sidecar.retry.decide import (
 from sidecar.retry.guards.budget import RetryBudget
 from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
 from sidecar.retry.guards.fleet import RouteState, StateStore
-from sidecar.retry.policy import Backoff, Limits, Outcome, Wait, plan_cooldown
+from sidecar.retry.policy import Backoff, Limits, plan_cooldown
 from sidecar.retry.replay import McpToolHints, mcp_call, safe_to_repeat
 from sidecar.retry.waits import requested_wait
 from sidecar.telemetry import Hooks

@@ -11,12 +11,12 @@ all got ``Retry-After: 1`` at once would otherwise all come back in the same mil
 
 from __future__ import annotations
 
-import enum
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecar.config.settings import JitterMode
+from sidecar.outcomes import Outcome, Wait
 
 Uniform = Callable[[float, float], float]
 
@@ -47,39 +47,6 @@ class Backoff:
     def spread(self, requested_s: float) -> float:
         """A requested wait, stretched so that concurrent callers do not return together."""
         return requested_s * self.uniform(1.0, REQUESTED_WAIT_SPREAD)
-
-
-class Outcome(enum.StrEnum):
-    """How a request ended: the ``X-Sidecar-Outcome``. All but the first two say why no
-    further attempt was made."""
-
-    OK = "ok"
-    RECOVERED = "recovered"
-    EXHAUSTED = "exhausted"
-    UNREACHABLE = "unreachable"
-    NOT_RETRYABLE = "not-retryable"
-    BUDGET = "budget-exhausted"
-    DEADLINE = "deadline"
-    OVERLOADED = "overloaded"  # the sidecar itself had no room for the call
-
-
-# The sidecar stopped although the tool's answer was not a success: the agent's own
-# client should not add retries on top (``x-should-retry: false``).
-GAVE_UP = frozenset(
-    {
-        Outcome.EXHAUSTED,
-        Outcome.UNREACHABLE,
-        Outcome.NOT_RETRYABLE,
-        Outcome.BUDGET,
-        Outcome.DEADLINE,
-    }
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    seconds: float
-    source: str  # "backoff" or "retry_after"
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,8 @@ from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
 from sidecar.retry.engine import Clock, Engine, Sleep
 from sidecar.retry.guards.fleet import StateStore
-from sidecar.serve.proxy import Proxy, ProxyServer
+from sidecar.serve.httpserver import ProxyServer
+from sidecar.serve.proxy import Proxy
 from sidecar.serve.routing import RouteTable
 from sidecar.telemetry import Hooks, build_hooks
 from sidecar.telemetry.observe import Metrics, http_server_logger

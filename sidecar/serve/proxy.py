@@ -4,22 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import structlog
 from aiohttp import web
-from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
+from aiohttp.http_exceptions import HttpProcessingError
 from structlog.contextvars import bind_contextvars, reset_contextvars
 
-from sidecar import errors, ids
-from sidecar.errors import AttemptError
+from sidecar import ids
+from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine, Result
-from sidecar.retry.policy import GAVE_UP, Outcome
+from sidecar.serve import answers
 from sidecar.serve.relay import relay
 from sidecar.serve.routing import RouteTable, Target, has_dot_segment
 from sidecar.telemetry import Hooks
@@ -33,8 +32,6 @@ from sidecar.transport.upstream import (
 )
 
 _log = structlog.get_logger("sidecar")
-
-ProxyHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
 @dataclass(slots=True)
@@ -79,7 +76,7 @@ class _StreamedBody:
             sent += len(chunk)
             if self.hard_limit and sent > self.hard_limit:
                 self.exceeded = True
-                raise errors.RequestTooLarge
+                raise answers.RequestTooLarge
             yield chunk
 
 
@@ -119,10 +116,10 @@ class Proxy:
             if request.headers.get("Expect"):
                 await _continue(request)
             _check_head(request, self._max_header_bytes)
-        except errors.Refusal as refusal:
+        except answers.Refusal as refusal:
             # What else the agent sent on this connection cannot be trusted to be framed
             # as it thinks.
-            refused = refusal.response(own_report(refusal.error))
+            refused = refusal.response(answers.own_report(refusal.error))
             refused.force_close()
             return refused
         request_id = request.headers.get("X-Request-ID") or ids.request_id()
@@ -141,11 +138,11 @@ class Proxy:
         try:
             if target is None:
                 call.status = 404
-                return errors.error_response(
-                    errors.NO_ROUTE,
+                return answers.error_response(
+                    answers.NO_ROUTE,
                     _no_route_message(request.method),
                     {"path": request.path},
-                    own_report(errors.NO_ROUTE),
+                    answers.own_report(answers.NO_ROUTE),
                 )
             response = await self._admit(request, target, request_id, call)
         finally:
@@ -184,8 +181,8 @@ class Proxy:
         if self._max_in_flight and len(self._running) >= self._max_in_flight:
             self._hooks.sidecar_overloaded(call.route, "max_in_flight")
             call.outcome, call.status = Outcome.OVERLOADED, 503
-            return errors.overloaded_response(
-                self._max_in_flight, own_report(errors.SIDECAR_OVERLOADED)
+            return answers.overloaded_response(
+                self._max_in_flight, answers.own_report(answers.SIDECAR_OVERLOADED)
             )
         task = asyncio.current_task()
         assert task is not None
@@ -199,8 +196,8 @@ class Proxy:
                 raise
             # The drain time ran out while the tool still had not answered: say so.
             task.uncancel()
-            return errors.shutdown_response(
-                report_headers(Outcome.DEADLINE, "shutdown", attempts=None)
+            return answers.shutdown_response(
+                answers.report_headers(Outcome.DEADLINE, "shutdown", attempts=None)
             )
         finally:
             self._running.discard(task)
@@ -217,9 +214,9 @@ class Proxy:
         self._hooks.request_received(route.name, request.method, request.headers)
         try:
             body = await self._read_request_body(request, route.tuning.max_body_bytes)
-        except errors.Refusal as refusal:
-            refused = refusal.response(own_report(refusal.error))
-            if refusal.error is errors.CLIENT_TIMEOUT:
+        except answers.Refusal as refusal:
+            refused = refusal.response(answers.own_report(refusal.error))
+            if refusal.error is answers.CLIENT_TIMEOUT:
                 refused.force_close()
             call.status = refused.status
             return refused
@@ -262,17 +259,17 @@ class Proxy:
             response.force_close()
             return response
         if result.circuit_open_for_s is not None:
-            return errors.circuit_open_response(result.circuit_open_for_s, report)
+            return answers.circuit_open_response(result.circuit_open_for_s, report)
         assert result.error is not None
         if result.error.local:
             self._hooks.sidecar_overloaded(route, result.error.value)
         elif result.error is AttemptError.MALFORMED:
             _log.warning("upstream_answer_broken", reason=result.error_reason)
-        return errors.attempt_error_response(result.error, report, reason=result.error_reason)
+        return answers.attempt_error_response(result.error, report, reason=result.error_reason)
 
-    def _too_large(self) -> errors.Refusal:
-        return errors.Refusal(
-            errors.REQUEST_TOO_LARGE,
+    def _too_large(self) -> answers.Refusal:
+        return answers.Refusal(
+            answers.REQUEST_TOO_LARGE,
             "request body is larger than the sidecar accepts",
             {"limit_bytes": self._max_request_bytes},
         )
@@ -301,8 +298,8 @@ class Proxy:
                         return bytes(head)
                     head.extend(chunk)
         except (HttpProcessingError, asyncio.IncompleteReadError):
-            raise errors.Refusal(
-                errors.BAD_REQUEST, "the request body is malformed or incomplete"
+            raise answers.Refusal(
+                answers.BAD_REQUEST, "the request body is malformed or incomplete"
             ) from None
         except TimeoutError:
             raise _client_too_slow() from None
@@ -311,9 +308,9 @@ class Proxy:
         return _StreamedBody(bytes(head), request, self._max_request_bytes, self._client_timeout_s)
 
 
-def _client_too_slow() -> errors.Refusal:
-    return errors.Refusal(
-        errors.CLIENT_TIMEOUT,
+def _client_too_slow() -> answers.Refusal:
+    return answers.Refusal(
+        answers.CLIENT_TIMEOUT,
         "the request body did not arrive in time",
         {"reason": "client_timeout"},
     )
@@ -328,13 +325,13 @@ def _check_head(request: web.BaseRequest, max_header_bytes: int) -> None:
     where aiohttp's own limits hold each line.
     """
     if has_dot_segment(request.raw_path):
-        raise errors.Refusal(errors.BAD_REQUEST, "path has a '.' or '..' segment")
+        raise answers.Refusal(answers.BAD_REQUEST, "path has a '.' or '..' segment")
     bad_header = undeliverable_header(request.headers)
     if bad_header is not None:
-        raise errors.Refusal(errors.BAD_REQUEST, f"header {bad_header} is not valid UTF-8")
+        raise answers.Refusal(answers.BAD_REQUEST, f"header {bad_header} is not valid UTF-8")
     if sum(len(name) + len(value) + 4 for name, value in request.raw_headers) > max_header_bytes:
-        raise errors.Refusal(
-            errors.HEADERS_TOO_LARGE,
+        raise answers.Refusal(
+            answers.HEADERS_TOO_LARGE,
             "the request's header section is larger than the sidecar accepts",
             {"limit_bytes": max_header_bytes},
         )
@@ -348,7 +345,7 @@ async def _continue(request: web.BaseRequest) -> None:
     if request.version != aiohttp.HttpVersion11:
         return
     if expect.lower() != "100-continue":
-        raise errors.Refusal(errors.EXPECTATION_FAILED, f"unknown expectation: {expect}")
+        raise answers.Refusal(answers.EXPECTATION_FAILED, f"unknown expectation: {expect}")
     await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
     request.writer.output_size = 0  # the answer's size, for the access log, starts now
     await request.writer.drain()
@@ -356,36 +353,11 @@ async def _continue(request: web.BaseRequest) -> None:
 
 def _report(result: Result) -> dict[str, str]:
     """The ``X-Sidecar-*`` headers that tell the agent what the sidecar did."""
-    report = report_headers(result.outcome, ", ".join(result.trail), attempts=result.attempts)
+    report = answers.report_headers(
+        result.outcome, ", ".join(result.trail), attempts=result.attempts
+    )
     if result.repaired:
         report["X-Sidecar-Repaired"] = ",".join(result.repaired)
-    return report
-
-
-def report_headers(outcome: str, trail: str, *, attempts: int | None) -> dict[str, str]:
-    """``X-Sidecar-Outcome`` and ``-Trail``, ``-Attempts`` when known, and the word that
-    the agent's own client should not retry when the sidecar gave up."""
-    report = {"X-Sidecar-Outcome": outcome, "X-Sidecar-Trail": trail}
-    if attempts is not None:
-        report["X-Sidecar-Attempts"] = str(attempts)
-    if outcome in GAVE_UP:
-        # The sidecar already retried what could be retried; the official OpenAI and
-        # Anthropic SDKs read this header and do not add their own retries on top.
-        report["x-should-retry"] = "false"
-    return report
-
-
-def own_report(error: errors.SidecarError) -> dict[str, str]:
-    """The report on an answer the sidecar made before any attempt: none made, and the
-    error's code as the trail. Only a request refused as it stands is not worth repeating."""
-    outcome = Outcome.OVERLOADED if error is errors.SIDECAR_OVERLOADED else Outcome.NOT_RETRYABLE
-    report = {
-        "X-Sidecar-Attempts": "0",
-        "X-Sidecar-Outcome": outcome,
-        "X-Sidecar-Trail": error.code.lower(),
-    }
-    if not error.retryable:
-        report["x-should-retry"] = "false"
     return report
 
 
@@ -396,53 +368,3 @@ def _no_route_message(method: str) -> str:
             "send the tool's requests to it instead of using it as an HTTP proxy"
         )
     return "no route matches this path"
-
-
-class ProxyServer(web.Server):
-    """aiohttp's low-level server, whose own answers to broken requests are the sidecar's.
-
-    aiohttp answers a request it cannot parse (or a handler's crash) with a text page that
-    quotes the request; an agent reading envelopes gets the envelope and the report
-    instead, and nothing of what it sent is echoed.
-    """
-
-    def __init__(self, handler: ProxyHandler, **kwargs: Any) -> None:
-        super().__init__(handler, **kwargs)
-        self._protocol_kwargs = {
-            key: value for key, value in kwargs.items() if key != "handler_cancellation"
-        }
-
-    def __call__(self) -> web.RequestHandler:
-        return _ProxyRequestHandler(self, loop=asyncio.get_running_loop(), **self._protocol_kwargs)
-
-
-class _ProxyRequestHandler(web.RequestHandler):
-    def __init__(self, manager: web.Server, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._request_line_limit: int = kwargs["max_line_size"]
-
-    def handle_error(
-        self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        # aiohttp's own handling logs the error (a client's as its fault) and checks that
-        # no answer has started yet; its text page is replaced.
-        super().handle_error(request, status, exc, message)
-        refusal = _refusal_for(status, exc, self._request_line_limit)
-        response = refusal.response(own_report(refusal.error))
-        response.force_close()
-        return response
-
-
-def _refusal_for(status: int, exc: BaseException | None, request_line_limit: int) -> errors.Refusal:
-    if status >= 500:
-        return errors.Refusal(errors.SIDECAR_ERROR, "the sidecar failed to handle the request")
-    if isinstance(exc, LineTooLong):
-        # aiohttp names the limit that was passed: the request line's, or a header line's.
-        if exc.args[1:2] == (request_line_limit,):
-            return errors.Refusal(errors.URI_TOO_LONG, "the request line is too long")
-        return errors.Refusal(errors.HEADERS_TOO_LARGE, "a header line of the request is too long")
-    return errors.Refusal(errors.BAD_REQUEST, "the request is not valid HTTP/1.1")

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 import structlog
 from aiohttp import web
 
-from sidecar.serve.respond import ExactResponse, ExactStreamResponse
+from sidecar.serve.answers import ExactResponse, ExactStreamResponse
 from sidecar.transport.answer import MalformedAnswer
 from sidecar.transport.pool import ConnectionBroken
 from sidecar.transport.upstream import Answer, end_to_end_headers

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from sidecar import __version__
 from sidecar.config.settings import Settings, resolve_routes
-from sidecar.errors import out_of_descriptors
+from sidecar.outcomes import out_of_descriptors
 from sidecar.serve.app import (
     HOOKS,
     LIFECYCLE,

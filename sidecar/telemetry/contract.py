@@ -14,7 +14,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from sidecar.retry.policy import Wait
+from sidecar.outcomes import Wait
 from sidecar.tool.envelopes import ToolFailure
 
 # Every stage a sink may implement, as a method ``stage(self, state) -> None``.

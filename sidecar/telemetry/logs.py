@@ -8,7 +8,7 @@ from typing import Any
 
 import structlog
 
-from sidecar.retry.policy import GAVE_UP, Outcome
+from sidecar.outcomes import GAVE_UP, Outcome
 from sidecar.telemetry.contract import RequestState, Sink
 from sidecar.tool.envelopes import ToolFailure
 

@@ -16,7 +16,7 @@ from typing import Protocol
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from sidecar.errors import AttemptError, out_of_descriptors
+from sidecar.outcomes import AttemptError, out_of_descriptors
 from sidecar.tool.envelopes import first_event
 from sidecar.transport.answer import MalformedAnswer
 from sidecar.transport.pool import ConnectionBroken, Pool, Progress, RequestBody, Response, Stage

@@ -1,65 +1,53 @@
-"""What can go wrong without an upstream answer, and how the sidecar says so.
+"""The answers the sidecar writes itself, and how it writes any answer.
 
-An attempt ends in a response or in one ``AttemptError`` kind, never both. The kinds
-say where the attempt stopped, because that decides whether it may be sent again::
-
-    AttemptError
-    ├── not delivered: nothing reached the tool, so a replay is always safe
-    │   ├── CONNECT          refused, DNS, a connect that failed
-    │   └── CONNECT_TIMEOUT  a connect that hung past the per-try timeout
-    ├── delivered, no answer head: the tool may be working on it (see ``replay``)
-    │   ├── TIMEOUT          the per-try timeout (or the deadline) passed first
-    │   └── RESET            the connection broke first
-    ├── delivered and answered, in bytes no one can pass on: never retried
-    │   └── MALFORMED        not one unambiguous HTTP/1.1 answer (``transport.answer``)
-    └── the sidecar's own saturation: never the tool's fault, never retried
-        ├── POOL_TIMEOUT     no free connection in the sidecar's pool in time
-        └── NO_FDS           the process is out of file descriptors
-
-When no upstream answer exists, the sidecar answers itself with a ``SidecarError``
-in the GoMind ToolResponse envelope; its ``details`` values are strings and carry
-``"source": "sidecar"`` so an agent can tell it from the tool's own words.
+When no upstream answer exists, the sidecar answers in the GoMind ToolResponse envelope
+(a ``SidecarError``); its ``details`` values are strings and carry ``"source":
+"sidecar"`` so an agent can tell it from the tool's own words. Every answer — the tool's
+relayed or the sidecar's own — goes out with exactly the headers given, plus only what
+HTTP itself requires (``ExactResponse``).
 """
 
 from __future__ import annotations
 
-import enum
-import errno
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 import orjson
 from aiohttp import web
+from multidict import CIMultiDict
 
-from sidecar.serve.respond import ExactResponse
+from sidecar.outcomes import GAVE_UP, AttemptError, Outcome
 
-
-class AttemptError(enum.Enum):
-    """The value is the attempt's token in ``X-Sidecar-Trail``."""
-
-    CONNECT = "connect_error"
-    CONNECT_TIMEOUT = "connect_timeout"
-    TIMEOUT = "timeout"
-    RESET = "reset"
-    POOL_TIMEOUT = "pool_timeout"
-    NO_FDS = "fd_exhausted"
-    MALFORMED = "malformed"
-
-    @property
-    def delivered(self) -> bool:
-        """The request may have reached the tool (and may be running there)."""
-        return self in (AttemptError.TIMEOUT, AttemptError.RESET)
-
-    @property
-    def local(self) -> bool:
-        """The sidecar itself is saturated; the tool was never asked."""
-        return self in (AttemptError.POOL_TIMEOUT, AttemptError.NO_FDS)
+# aiohttp's writer names itself and its version in ``Server`` and labels an unlabelled
+# body ``application/octet-stream``: a relayed answer would carry headers the tool never
+# sent, and every answer would tell the network which versions to attack. ``Date`` when
+# absent (RFC 9110 §6.6.1 asks it of a proxy), the framing and ``Connection`` stay.
+_DEFAULTED = ("Server", "Content-Type")
 
 
-def out_of_descriptors(exc: object) -> bool:
-    """Whether ``exc`` (an exception, or anything) says no file descriptor is left."""
-    return isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE)
+def _absent(headers: CIMultiDict[str]) -> list[str]:
+    return [name for name in _DEFAULTED if name not in headers]
+
+
+class ExactResponse(web.Response):
+    """A whole answer with no header aiohttp would add by default."""
+
+    async def _prepare_headers(self) -> None:
+        added = _absent(self.headers)
+        await super()._prepare_headers()
+        for name in added:
+            self.headers.popall(name, None)
+
+
+class ExactStreamResponse(web.StreamResponse):
+    """A streamed answer with no header aiohttp would add by default."""
+
+    async def _prepare_headers(self) -> None:
+        added = _absent(self.headers)
+        await super()._prepare_headers()
+        for name in added:
+            self.headers.popall(name, None)
 
 
 class RequestTooLarge(Exception):
@@ -209,3 +197,30 @@ def circuit_open_response(
         {"retry_after_s": retry_after},
         {**(headers or {}), "Retry-After": retry_after},
     )
+
+
+def report_headers(outcome: str, trail: str, *, attempts: int | None) -> dict[str, str]:
+    """``X-Sidecar-Outcome`` and ``-Trail``, ``-Attempts`` when known, and the word that
+    the agent's own client should not retry when the sidecar gave up."""
+    report = {"X-Sidecar-Outcome": outcome, "X-Sidecar-Trail": trail}
+    if attempts is not None:
+        report["X-Sidecar-Attempts"] = str(attempts)
+    if outcome in GAVE_UP:
+        # The sidecar already retried what could be retried; the official OpenAI and
+        # Anthropic SDKs read this header and do not add their own retries on top.
+        report["x-should-retry"] = "false"
+    return report
+
+
+def own_report(error: SidecarError) -> dict[str, str]:
+    """The report on an answer the sidecar made before any attempt: none made, and the
+    error's code as the trail. Only a request refused as it stands is not worth repeating."""
+    outcome = Outcome.OVERLOADED if error is SIDECAR_OVERLOADED else Outcome.NOT_RETRYABLE
+    report = {
+        "X-Sidecar-Attempts": "0",
+        "X-Sidecar-Outcome": outcome,
+        "X-Sidecar-Trail": error.code.lower(),
+    }
+    if not error.retryable:
+        report["x-should-retry"] = "false"
+    return report
