@@ -37,8 +37,8 @@ from sidecar.retry.replay import McpToolHints, mcp_call, safe_to_repeat
 from sidecar.retry.waits import requested_wait
 from sidecar.telemetry import Hooks
 from sidecar.tool.envelopes import inspect, json_document
+from sidecar.transport.exchange import Answer, Malformed, UpstreamRequest, exchange
 from sidecar.transport.pool import Pool
-from sidecar.transport.upstream import Answer, Malformed, UpstreamRequest, exchange
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]

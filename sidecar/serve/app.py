@@ -26,7 +26,7 @@ from sidecar.serve.proxy import Proxy
 from sidecar.serve.routing import RouteTable
 from sidecar.telemetry import Hooks, build_hooks
 from sidecar.telemetry.observe import Metrics, http_server_logger
-from sidecar.transport.upstream import create_pool
+from sidecar.transport.exchange import create_pool
 
 if TYPE_CHECKING:
     import openai

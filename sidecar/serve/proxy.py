@@ -23,13 +23,9 @@ from sidecar.serve.relay import relay
 from sidecar.serve.routing import RouteTable, Target, has_dot_segment
 from sidecar.telemetry import Hooks
 from sidecar.telemetry.observe import UNMATCHED_ROUTE
-from sidecar.transport.pool import RequestBody
-from sidecar.transport.upstream import (
-    UpstreamRequest,
-    read_deadline,
-    undeliverable_header,
-    upstream_request_headers,
-)
+from sidecar.transport.connection import RequestBody
+from sidecar.transport.exchange import UpstreamRequest, read_deadline
+from sidecar.transport.headers import undeliverable_header, upstream_request_headers
 
 _log = structlog.get_logger("sidecar")
 

@@ -8,9 +8,8 @@ import structlog
 from aiohttp import web
 
 from sidecar.serve.answers import ExactResponse, ExactStreamResponse
-from sidecar.transport.answer import MalformedAnswer
-from sidecar.transport.pool import ConnectionBroken
-from sidecar.transport.upstream import Answer, end_to_end_headers
+from sidecar.transport.exchange import Answer, BodyBroken
+from sidecar.transport.headers import end_to_end_headers
 
 _log = structlog.get_logger("sidecar")
 
@@ -42,13 +41,13 @@ async def relay(
         await response.prepare(request)
         if answer.body:
             await response.write(answer.body)
-        async for chunk in answer.response.content.iter_any():
+        async for chunk in answer.rest():
             await response.write(chunk)
         await response.write_eof()
-    except ConnectionResetError:
+    except ConnectionError:
         _log.debug("client_disconnected", status=answer.status)
-    except (ConnectionBroken, MalformedAnswer, OSError) as exc:
-        _log.warning("upstream_stream_broken", status=answer.status, reason=str(exc))
+    except BodyBroken as broken:
+        _log.warning("upstream_stream_broken", status=answer.status, reason=str(broken))
         if request.transport is not None:
             request.transport.close()
     finally:

@@ -1,7 +1,8 @@
-"""The one seam to the tool: a pooled client, header rules, and one attempt at a time.
+"""The one seam to the tool: one attempt at a time, and the answer it brings back.
 
-Foreign exceptions (the connection's, asyncio's timeouts) are translated into
-``AttemptError`` here and nowhere else.
+Foreign exceptions (the connection's, the parser's, asyncio's timeouts) are translated
+here and nowhere else: into an ``AttemptError`` or ``Malformed`` while an attempt is
+judged, into ``BodyBroken`` while an answer's body streams on to the agent.
 """
 
 from __future__ import annotations
@@ -9,38 +10,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict
 from yarl import URL
 
 from sidecar.outcomes import AttemptError, out_of_descriptors
 from sidecar.tool.envelopes import first_event
 from sidecar.transport.answer import MalformedAnswer
-from sidecar.transport.pool import ConnectionBroken, Pool, Progress, RequestBody, Response, Stage
-
-# RFC 9110 §7.6.1 plus the proxy-only fields RFC 2616 named; anything listed in
-# ``Connection`` is hop-by-hop as well.
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-    }
-)
-# Owned by this hop rather than passed on: ``Host`` names the tool, and ``Expect`` was
-# answered by the sidecar itself. (``Content-Length`` goes on, restated for a body the
-# sidecar changed.)
-_NOT_FORWARDED_UPSTREAM = frozenset({"host", "expect"})
-CONTROL_HEADER_PREFIX = "x-sidecar-"
+from sidecar.transport.connection import ConnectionBroken, Progress, RequestBody, Stage
+from sidecar.transport.pool import Pool, Response
 
 
 def create_pool(max_connections: int, max_head_bytes: int) -> Pool:
@@ -59,70 +41,6 @@ def _attempt_error(progress: Progress, exc: BaseException | None) -> AttemptErro
     return AttemptError.CONNECT_TIMEOUT if exc is None else AttemptError.CONNECT
 
 
-def _connection_tokens(headers: CIMultiDictProxy[str] | CIMultiDict[str]) -> set[str]:
-    return {
-        token.strip().lower()
-        for value in headers.getall("Connection", ())
-        for token in value.split(",")
-        if token.strip()
-    }
-
-
-def end_to_end_headers(
-    headers: CIMultiDictProxy[str] | CIMultiDict[str],
-    also_drop: frozenset[str] = frozenset(),
-    *,
-    drop_control: bool = False,
-) -> CIMultiDict[str]:
-    """A copy without hop-by-hop fields, ``also_drop`` (lower-case names) and, when asked,
-    the ``X-Sidecar-*`` headers (the agent's control headers; in an answer, the tool's
-    forgeries of the sidecar's report). One pass: this runs twice per request."""
-    dropped = HOP_BY_HOP | also_drop
-    if "Connection" in headers:
-        dropped = dropped | _connection_tokens(headers)
-    kept: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():
-        lower = name.lower()
-        if lower in dropped or (drop_control and lower.startswith(CONTROL_HEADER_PREFIX)):
-            continue
-        kept.add(name, value)
-    return kept
-
-
-def undeliverable_header(headers: CIMultiDictProxy[str]) -> str | None:
-    """The name of a header whose bytes were not UTF-8, if any.
-
-    aiohttp's parser decodes such bytes to surrogates, which cannot be written out as they
-    came: the other side would see a different value than was sent.
-    """
-    for name, value in headers.items():
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                return name
-    return None
-
-
-def upstream_request_headers(
-    incoming: CIMultiDictProxy[str],
-    *,
-    client_address: str | None,
-    scheme: str,
-    request_id: str,
-) -> CIMultiDict[str]:
-    """What the tool receives: the agent's end-to-end headers plus the X-Forwarded-* set."""
-    headers = end_to_end_headers(incoming, _NOT_FORWARDED_UPSTREAM, drop_control=True)
-    if client_address:
-        previous = incoming.get("X-Forwarded-For")
-        headers["X-Forwarded-For"] = f"{previous}, {client_address}" if previous else client_address
-    headers["X-Forwarded-Proto"] = scheme
-    if "Host" in incoming:
-        headers["X-Forwarded-Host"] = incoming["Host"]
-    headers["X-Request-ID"] = request_id
-    return headers
-
-
 @dataclass(frozen=True, slots=True)
 class UpstreamRequest:
     """One call as it goes to the tool; replayed unchanged by retries."""
@@ -138,6 +56,10 @@ class Malformed:
     """The tool answered in bytes that are not one unambiguous HTTP/1.1 answer."""
 
     reason: str
+
+
+class BodyBroken(Exception):
+    """The tool's answer broke off, or turned malformed, while its body streamed on."""
 
 
 @dataclass(slots=True)
@@ -162,6 +84,14 @@ class Answer:
     def discard(self) -> None:
         """Give the connection back to the pool; it is closed if the body was not read."""
         self.response.release()
+
+    async def rest(self) -> AsyncIterator[bytes]:
+        """The body past ``body``, as it arrives; ``BodyBroken`` if it does not end whole."""
+        try:
+            async for chunk in self.response.content.iter_any():
+                yield chunk
+        except (ConnectionBroken, MalformedAnswer, OSError) as exc:
+            raise BodyBroken(str(exc)) from exc
 
 
 class BodyRead(enum.Enum):

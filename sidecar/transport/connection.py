@@ -1,0 +1,265 @@
+"""One socket to a tool, carrying one request at a time, and how far a request got on it.
+
+A connection is reused only when its answer ended exactly where the bytes read so far
+end: anything after it, or anything that arrives while the connection is idle, closes it,
+so no tool's stray bytes can become the answer to the next request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+from collections.abc import AsyncIterable, Callable
+from dataclasses import dataclass
+from typing import cast
+
+from sidecar.transport.answer import AnswerParser, Head, MalformedAnswer
+from sidecar.transport.body import BodyStream
+
+# Unread body bytes past which the socket stops being read.
+_READ_HIGH_WATER = 2**17
+# An idle connection older than this is not trusted to be open at the tool any more
+# (aiohttp's client keeps one as long).
+IDLE_TIMEOUT_S = 15.0
+
+PoolKey = tuple[bool, str, int]
+RequestBody = bytes | AsyncIterable[bytes]
+
+
+class Stage(enum.IntEnum):
+    """How far one request got; it tells a pool wait, a connect and a sent request apart."""
+
+    STARTED = 0
+    QUEUED = 1  # waiting for a free connection in the pool
+    CONNECTING = 2
+    CONNECTED = 3
+    SENT = 4  # the request's head was written to the tool's socket
+
+
+@dataclass(slots=True)
+class Progress:
+    """Read by the caller when the request fails, or when its own timeout cuts it."""
+
+    stage: Stage = Stage.STARTED
+
+
+class ConnectionBroken(Exception):
+    """The tool's connection closed before its answer ended."""
+
+
+class Connection(asyncio.Protocol):
+    """One socket to a tool, carrying one request at a time."""
+
+    __slots__ = (
+        "_body",
+        "_chunked",
+        "_drain_waiter",
+        "_head_waiter",
+        "_on_lost",
+        "_parser",
+        "_read_paused",
+        "_should_close",
+        "_write_paused",
+        "_writer",
+        "idle_since",
+        "key",
+        "max_head_bytes",
+        "transport",
+    )
+
+    def __init__(
+        self, key: PoolKey, max_head_bytes: int, on_lost: Callable[[Connection], None]
+    ) -> None:
+        self._on_lost = on_lost  # the pool forgets a connection the tool closed
+        self.key = key
+        self.max_head_bytes = max_head_bytes
+        self.idle_since = 0.0
+        self.transport: asyncio.Transport | None = None
+        self._head_waiter: asyncio.Future[tuple[Head, BodyStream]] | None = None
+        self._parser: AnswerParser | None = None
+        self._body: BodyStream | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._chunked = False
+        self._should_close = False
+        self._read_paused = False
+        self._write_paused = False
+        self._drain_waiter: asyncio.Future[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's is not an ``asyncio.Transport`` subclass).
+        self.transport = cast(asyncio.Transport, transport)
+
+    def usable(self, now: float) -> bool:
+        transport = self.transport
+        return (
+            transport is not None
+            and not transport.is_closing()
+            and now - self.idle_since < IDLE_TIMEOUT_S
+        )
+
+    def wait_for_request(self) -> None:
+        """Idle in the pool: anything the tool sends now is out of step."""
+        self._head_waiter = None
+        self._parser = None
+        self._body = None
+
+    def reusable(self) -> bool:
+        """Whether the next request may follow on this connection: the answer ended, and
+        nothing came after it."""
+        parser = self._parser
+        return (
+            not self._should_close
+            and self.transport is not None
+            and parser is not None
+            and parser.done
+            and not parser.trailing
+            and (self._writer is None or self._writer.done())
+        )
+
+    async def exchange(
+        self,
+        method: str,
+        head: bytes,
+        body: RequestBody,
+        chunked: bool,
+        progress: Progress,
+        deadline: float,
+    ) -> tuple[Head, BodyStream]:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionBroken("the connection closed before the request was sent")
+        loop = asyncio.get_running_loop()
+        # A parser per answer: nothing one answer left behind can shape the next.
+        self._parser = AnswerParser(self, method, self.max_head_bytes)
+        waiter: asyncio.Future[tuple[Head, BodyStream]] = loop.create_future()
+        self._head_waiter = waiter
+        self._body = None
+        self._writer = None
+        if isinstance(body, bytes):
+            transport.write(head + body if body else head)
+        else:
+            self._chunked = chunked
+            transport.write(head)
+            self._writer = loop.create_task(self._write_body(body))
+        progress.stage = Stage.SENT
+        timer = loop.call_at(deadline, _time_out, waiter)
+        try:
+            return await waiter
+        finally:
+            timer.cancel()
+
+    async def _write_body(self, body: AsyncIterable[bytes]) -> None:
+        """A streamed request body: as it came when its length was declared, else chunked."""
+        try:
+            async for chunk in body:
+                transport = self.transport
+                if transport is None:
+                    return
+                if not chunk:
+                    continue
+                if self._chunked:
+                    transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
+                else:
+                    transport.write(chunk)
+                if self._write_paused:
+                    self._drain_waiter = asyncio.get_running_loop().create_future()
+                    await self._drain_waiter
+            if self._chunked and self.transport is not None:
+                self.transport.write(b"0\r\n\r\n")
+        except Exception as exc:
+            self._break(ConnectionBroken(f"the request body failed: {exc!r}"))
+
+    def _break(self, exc: Exception) -> None:
+        """This connection cannot carry its exchange on: whoever waits for the answer's
+        head, or reads its body, gets ``exc``."""
+        self._should_close = True
+        waiter = self._head_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(exc)
+        elif self._body is not None:
+            self._body.set_exception(exc)
+        self.close()
+
+    # asyncio.Protocol: the bytes of the answer.
+
+    def data_received(self, data: bytes) -> None:
+        parser = self._parser
+        if parser is None:
+            self.close()  # bytes nobody asked for: this connection is out of step
+            return
+        try:
+            parser.feed(data)
+        except MalformedAnswer as exc:
+            self._break(exc)
+            return
+        if parser.trailing:
+            # The answer is whole; what follows it is nobody's, and the connection goes.
+            self.close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._should_close = True
+        self.transport = None
+        parser = self._parser
+        if parser is not None and not parser.feed_eof():
+            self._break(ConnectionBroken(f"the tool closed the connection ({exc!r})"))
+        if self._writer is not None and not self._writer.done():
+            self._writer.cancel()
+        self._wake_writer()
+        self._on_lost(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        waiter, self._drain_waiter = self._drain_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # AnswerSink: what the parser read.
+
+    def answer_head(self, head: Head) -> None:
+        if not head.keep_alive:
+            self._should_close = True
+        body = self._body = BodyStream(self, _READ_HIGH_WATER)
+        waiter = self._head_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result((head, body))
+        else:
+            self._should_close = True  # the head came after the request's timeout
+
+    def answer_body(self, chunk: bytes) -> None:
+        assert self._body is not None
+        self._body.feed(chunk)
+
+    def answer_end(self) -> None:
+        assert self._body is not None
+        self._body.feed_eof()
+
+    # Reading: a body's reader that falls behind holds the tool back.
+
+    def pause_reading(self) -> None:
+        if self.transport is not None and not self._read_paused:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self.transport is not None and self._read_paused:
+            self._read_paused = False
+            self.transport.resume_reading()
+
+    def close(self) -> None:
+        self._should_close = True
+        transport = self.transport
+        if transport is not None:
+            transport.close()
+        if self._writer is not None and not self._writer.done():
+            self._writer.cancel()
+
+
+def _time_out(waiter: asyncio.Future[tuple[Head, BodyStream]]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
