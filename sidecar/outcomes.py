@@ -44,6 +44,11 @@ class AttemptError(enum.Enum):
         return self in (AttemptError.TIMEOUT, AttemptError.RESET)
 
     @property
+    def not_connected(self) -> bool:
+        """Nothing reached the tool: no connection was made."""
+        return self in (AttemptError.CONNECT, AttemptError.CONNECT_TIMEOUT)
+
+    @property
     def local(self) -> bool:
         """The sidecar itself is saturated; the tool was never asked."""
         return self in (AttemptError.POOL_TIMEOUT, AttemptError.NO_FDS)

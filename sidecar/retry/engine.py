@@ -1,8 +1,8 @@
-"""The retry loop: attempt, classify, decide, wait — until an answer can go back.
+"""The retry loop: attempt, judge, decide, wait or repair — until an answer can go back.
 
-Every rule lives elsewhere (``classify``, ``policy``, ``budget``, ``circuit``, ``waits``);
-this module only sequences them, keeps the last real answer, and reports each stage
-through ``Hooks``. It never invents an answer: when it stops, the agent gets the tool's
+Every rule lives elsewhere (``decide``, ``classify``, ``policy``, ``guards``, ``waits``);
+this module does the I/O they call for, keeps the last real answer, and reports each
+stage through ``Hooks``. It never invents an answer: when it stops, the agent gets the tool's
 last real one, or — only when none exists — the sidecar's own error envelope.
 """
 
@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from sidecar.config.settings import RouteConfig
 from sidecar.ids import idempotency_key
 from sidecar.outcomes import AttemptError, Outcome, Wait
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
-from sidecar.retry.classify import Action, Reply, Verdict, classify
+from sidecar.retry.attempt import Attempt, Result, carrying, judge, seconds_token
+from sidecar.retry.classify import Action
 from sidecar.retry.controls import RequestControls
 from sidecar.retry.decide import (
     AfterAttempt,
@@ -29,87 +30,18 @@ from sidecar.retry.decide import (
     Stop,
     decide,
 )
-from sidecar.retry.guards.budget import RetryBudget
-from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
-from sidecar.retry.guards.fleet import RouteState, StateStore
-from sidecar.retry.policy import Backoff, Limits, plan_cooldown
-from sidecar.retry.replay import McpToolHints, mcp_call, safe_to_repeat
+from sidecar.retry.guards.circuit import Ticket
+from sidecar.retry.guards.fleet import StateStore
+from sidecar.retry.guards.route import RouteGuards
+from sidecar.retry.policy import Limits, plan_cooldown
+from sidecar.retry.replay import mcp_call, safe_to_repeat
 from sidecar.retry.waits import requested_wait
 from sidecar.telemetry import Hooks
-from sidecar.tool.envelopes import inspect, json_document
-from sidecar.transport.exchange import Answer, Malformed, UpstreamRequest, exchange
+from sidecar.transport.exchange import Answer, UpstreamRequest, exchange
 from sidecar.transport.pool import Pool
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
-
-
-@dataclass(slots=True)
-class RouteGuards:
-    """What a route remembers across requests."""
-
-    budget: RetryBudget
-    circuit: CircuitBreaker
-    backoff: Backoff
-    mcp_tools: McpToolHints
-    fleet: RouteState | None = None  # what the route shares with its replicas, when it does
-
-    @classmethod
-    def for_route(
-        cls, route: RouteConfig, clock: Clock, fleet: RouteState | None = None
-    ) -> RouteGuards:
-        tuning = route.tuning
-        return cls(
-            budget=RetryBudget(tuning.retry_budget_ratio, tuning.retry_budget_min_per_s, clock),
-            circuit=CircuitBreaker(
-                min_failures=tuning.circuit_failures,
-                failure_rate=tuning.circuit_failure_rate,
-                window_s=tuning.circuit_window_ms / 1000,
-                open_s=tuning.circuit_open_ms / 1000,
-                probes=tuning.circuit_half_open_probes,
-                clock=clock,
-            ),
-            backoff=Backoff(
-                base_s=tuning.backoff_base_ms / 1000,
-                cap_s=tuning.backoff_max_ms / 1000,
-                multiplier=tuning.backoff_multiplier,
-                jitter=tuning.backoff_jitter,
-            ),
-            mcp_tools=McpToolHints(),
-            fleet=fleet,
-        )
-
-
-@dataclass(slots=True)
-class Result:
-    """What goes back to the agent, and how it came to be."""
-
-    outcome: Outcome
-    attempts: int
-    trail: list[str]
-    answer: Answer | None = None  # the tool's last real answer, when one exists
-    error: AttemptError | None = None  # else: what the last attempt ran into
-    error_reason: str | None = None  # ... in more words, when there are more to say
-    circuit_open_for_s: float | None = None  # else: the circuit refused to try at all
-    repaired: tuple[str, ...] = ()  # the layers that changed the body behind ``answer``
-
-
-@dataclass(slots=True)
-class _Attempt:
-    """One attempt's result as the loop reasons about it."""
-
-    result: Answer | AttemptError
-    verdict: Verdict
-    reply: Reply | None = None
-    label: str = field(init=False)
-    cut_by_deadline: bool = False  # its timeout was the deadline's, not the per-try one
-    requested_s: float | None = None  # the wait the tool asked for
-    path_scoped: bool = False  # ... for the called path only (its envelope said so)
-    error_reason: str | None = None  # why an answer was refused as malformed
-
-    def __post_init__(self) -> None:
-        result = self.result
-        self.label = result.value if isinstance(result, AttemptError) else str(result.status)
 
 
 class Engine:
@@ -153,34 +85,6 @@ class Engine:
         the body streams through and the request is tried once.
         """
         return await _Run(self, route, request, controls, payload).run()
-
-    def judge(
-        self, result: Answer | AttemptError | Malformed, retry_on_status: frozenset[int]
-    ) -> _Attempt:
-        """Read one attempt's answer (its envelope, when its body was read) into a verdict."""
-        if isinstance(result, Malformed):
-            error = AttemptError.MALFORMED
-            return _Attempt(error, classify(error, retry_on_status), error_reason=result.reason)
-        if isinstance(result, AttemptError):
-            return _Attempt(result, classify(result, retry_on_status))
-        response = result.response
-        failure, text = (
-            inspect(
-                result.status,
-                response.content_type,
-                response.headers.get("Content-Encoding"),
-                result.body,
-            )
-            if result.decisive
-            else (None, "")
-        )
-        reply = Reply(result.status, failure, text)
-        verdict = classify(reply, retry_on_status)
-        if result.slow:
-            # The tool answered; only its body is slow. Sending the call again could run
-            # it twice, so this answer is the one the agent gets.
-            verdict = replace(verdict, action=Action.DONE)
-        return _Attempt(result, verdict, reply)
 
 
 class _Run:
@@ -252,25 +156,11 @@ class _Run:
                 self.last_answer.discard()
             raise
         failed = last.verdict.is_failure and result.outcome not in (Outcome.OK, Outcome.RECOVERED)
-        await self._record(admitted, failed)
+        await self.guards.record(admitted, failed, self.tuning.circuit_window_ms / 1000)
+        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
         return result
 
-    async def _record(self, ticket: Ticket, failed: bool) -> None:
-        """The request's verdict into the circuit: the fleet's window when the route shares
-        one (the process's own when the store cannot answer); an opening circuit is
-        published as a cooldown."""
-        circuit, fleet = self.guards.circuit, self.guards.fleet
-        window_s = self.tuning.circuit_window_ms / 1000
-        totals = None
-        if fleet is not None and circuit.counts(ticket):
-            totals = await fleet.count(failed, window_s)
-        was_open = circuit.state is CircuitState.OPEN
-        circuit.record(ticket, failed, totals)
-        self.hooks.circuit_state(self.route.name, circuit.state)
-        if fleet is not None and circuit.state is CircuitState.OPEN and not was_open:
-            await fleet.publish_open(circuit.open_for_s(), window_s)
-
-    async def _wait_out_cooldown(self, last: _Attempt | None) -> Result | None:
+    async def _wait_out_cooldown(self, last: Attempt | None) -> Result | None:
         """Wait until the fleet's cooldown of the tool ends, before the next attempt.
 
         When the request cannot wait that long, a result: the tool's last answer, or, before
@@ -290,16 +180,16 @@ class _Run:
             )
             if isinstance(plan, Outcome):
                 break
-            self.trail.append(f"{plan.source}={_seconds(plan.seconds)}")
+            self.trail.append(f"{plan.source}={seconds_token(plan.seconds)}")
             await self.engine.sleep(plan.seconds)
         else:
             return None
-        self.trail.append(f"cooldown={_seconds(cooldown_s)} stop={plan.value}")
+        self.trail.append(f"cooldown={seconds_token(cooldown_s)} stop={plan.value}")
         if last is None:
             return Result(Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=cooldown_s)
         return self._result(plan, last, paused_for_s=cooldown_s)
 
-    async def _loop(self, ticket: Ticket) -> tuple[Result, _Attempt]:
+    async def _loop(self, ticket: Ticket) -> tuple[Result, Attempt]:
         """Attempts until one step ends the request; the result and the last attempt."""
         while True:
             attempt = await self._attempt()
@@ -337,9 +227,9 @@ class _Run:
         """Make ``payload`` the body of the next attempts (a new payload, a new key)."""
         self.payload = payload
         self.sent_payloads.append(payload)
-        self.request = _sending(self.request, payload, self.own_key)
+        self.request = carrying(self.request, payload, self.own_key)
 
-    async def _attempt(self) -> _Attempt:
+    async def _attempt(self) -> Attempt:
         """Send the request once, read what matters of the answer, and judge it."""
         self.attempts += 1
         per_try = min(self.tuning.per_try_timeout_ms / 1000, self.deadline - self.clock())
@@ -352,10 +242,12 @@ class _Run:
             self.engine.inspect_limit,
             self.tuning.inspect_timeout_ms / 1000,
         )
-        attempt = self.engine.judge(result, self.tuning.retry_on_status)
+        attempt = judge(result, self.tuning.retry_on_status)
         attempt.cut_by_deadline = per_try < self.tuning.per_try_timeout_ms / 1000
         if self.rpc is not None and self.rpc[0] == "tools/list" and attempt.verdict.success:
-            self._learn_tool_hints(attempt)
+            # Which tools a relayed ``tools/list`` result marks safe to repeat.
+            assert isinstance(result, Answer)
+            self.guards.mcp_tools.learn(result.document())
         self.hooks.attempt_finished(
             self.route.name,
             self.attempts,
@@ -375,7 +267,7 @@ class _Run:
             await self._learn_requested_wait(attempt)
         return attempt
 
-    async def _learn_requested_wait(self, attempt: _Attempt) -> None:
+    async def _learn_requested_wait(self, attempt: Attempt) -> None:
         """Read the wait a failed attempt's answer asks for; tell the fleet when it shares.
 
         A header's wait (``Retry-After``, ``RateLimit-Reset``) is the tool's word on the
@@ -393,20 +285,7 @@ class _Run:
             path = self.path if attempt.path_scoped else None
             await fleet.publish_cooldown(attempt.requested_s, path)
 
-    def _learn_tool_hints(self, attempt: _Attempt) -> None:
-        """Remember which tools a relayed ``tools/list`` result marks safe to repeat."""
-        answer = attempt.result
-        if isinstance(answer, Answer) and answer.decisive:
-            response = answer.response
-            self.guards.mcp_tools.learn(
-                json_document(
-                    response.content_type,
-                    response.headers.get("Content-Encoding"),
-                    answer.body,
-                )
-            )
-
-    async def _next_step(self, attempt: _Attempt) -> Result | Wait | None:
+    async def _next_step(self, attempt: Attempt) -> Result | Wait | None:
         """What follows an attempt: a result to return, a wait, or (``None``) a repaired
         payload to send at once. ``decide`` says which; this carries it out."""
         decision = decide(self._known_after(attempt), self.guards.backoff)
@@ -432,7 +311,7 @@ class _Run:
         assert isinstance(decision, Retry)
         return self._wait_for_same(attempt, decision.wait)
 
-    def _known_after(self, attempt: _Attempt, repair: RepairAnswer | None = None) -> AfterAttempt:
+    def _known_after(self, attempt: Attempt, repair: RepairAnswer | None = None) -> AfterAttempt:
         """What the decision after ``attempt`` needs to know, as of now."""
         result = attempt.result
         return AfterAttempt(
@@ -445,13 +324,13 @@ class _Run:
             safe_to_repeat=self.replay_safe,
             cut_by_deadline=attempt.cut_by_deadline,
             slow_body=isinstance(result, Answer) and result.slow,
-            not_connected=result in _NOT_CONNECTED,
+            not_connected=isinstance(result, AttemptError) and result.not_connected,
             requested_s=attempt.requested_s,
             previous_wait_s=self.previous_wait,
             repair=repair,
         )
 
-    async def _repair(self, attempt: _Attempt) -> Proposal:
+    async def _repair(self, attempt: Attempt) -> Proposal:
         assert attempt.reply is not None and self.payload is not None
         self.hooks.repair_started(self.route.name)
         proposal = await self.engine.repairs.propose(
@@ -473,7 +352,7 @@ class _Run:
         self.llm_repairs_left -= proposal.llm_repairs
         return proposal
 
-    def _wait_for_same(self, attempt: _Attempt, wait: Wait) -> Wait:
+    def _wait_for_same(self, attempt: Attempt, wait: Wait) -> Wait:
         """Get ready to send the same payload again after ``wait``."""
         if self.last_answer is not None and not self.last_answer.complete:
             # An answer still streaming holds a connection; it cannot wait for us.
@@ -488,64 +367,32 @@ class _Run:
             wait,
             attempt.reply.failure if attempt.reply else None,
         )
-        self.trail.append(f"{attempt.label} {wait.source}={_seconds(wait.seconds)}")
+        self.trail.append(f"{attempt.label} {wait.source}={seconds_token(wait.seconds)}")
         self.previous_wait = wait.seconds
         return wait
 
-    def _stop(self, outcome: Outcome, attempt: _Attempt, note: str | None = None) -> Result:
+    def _stop(self, outcome: Outcome, attempt: Attempt, note: str | None = None) -> Result:
         self.trail.append(f"{attempt.label} {note}" if note else attempt.label)
         return self._result(outcome, attempt)
 
-    def _result(
-        self, outcome: Outcome, last: _Attempt, paused_for_s: float | None = None
-    ) -> Result:
+    def _result(self, outcome: Outcome, last: Attempt, paused_for_s: float | None = None) -> Result:
         """The request's result; ``paused_for_s`` is how long the tool is not to be called,
         said as ``CIRCUIT_OPEN`` only when there is no answer of the tool's to give (the
         last one streamed on and is gone)."""
         error = last.result if isinstance(last.result, AttemptError) else None
         layers = self.answered_payload.layers if self.answered_payload is not None else ()
-        result = Result(
-            outcome,
-            self.attempts,
-            self.trail,
-            self.last_answer,
-            error,
-            last.error_reason,
-            repaired=layers,
-        )
+        result = Result(outcome, self.attempts, self.trail, self.last_answer, error)
+        result.error_reason, result.repaired = last.error_reason, layers
         if paused_for_s is not None and self.last_answer is None and error is None:
             result.circuit_open_for_s = paused_for_s
         return result
 
 
-_NOT_CONNECTED = (AttemptError.CONNECT, AttemptError.CONNECT_TIMEOUT)
-
-
-def _stopped_by(attempt: _Attempt) -> Outcome:
+def _stopped_by(attempt: Attempt) -> Outcome:
     """The outcome when retries end before their limit because of the tool's state."""
-    return Outcome.UNREACHABLE if attempt.result in _NOT_CONNECTED else Outcome.EXHAUSTED
-
-
-def _sending(request: UpstreamRequest, payload: Payload, key_header: str) -> UpstreamRequest:
-    """``request`` carrying ``payload``, under a fresh idempotency key when it is the sidecar's,
-    and with the agent's ``Content-Length`` restated when the payload's length differs.
-
-    The sidecar's key names one payload: every retry of it carries the same key, and a
-    repaired payload (a different request to the tool) gets a new one. A key the agent
-    chose is the agent's to keep.
-    """
-    headers = request.headers
-    length = str(len(payload.body))
-    restate_length = "Content-Length" in headers and headers["Content-Length"] != length
-    if key_header or restate_length:
-        headers = headers.copy()
-    if key_header:
-        headers[key_header] = idempotency_key()
-    if restate_length:
-        headers["Content-Length"] = length
-    return replace(request, headers=headers, body=payload.body)
-
-
-def _seconds(value: float) -> str:
-    """Short seconds for the trail, three significant digits: ``0.8s``, ``2s``, ``0.0163s``."""
-    return f"{value:.3g}s"
+    result = attempt.result
+    return (
+        Outcome.UNREACHABLE
+        if isinstance(result, AttemptError) and result.not_connected
+        else Outcome.EXHAUSTED
+    )

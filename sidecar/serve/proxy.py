@@ -16,8 +16,9 @@ from structlog.contextvars import bind_contextvars, reset_contextvars
 from sidecar import ids
 from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
+from sidecar.retry.attempt import Result
 from sidecar.retry.controls import request_controls
-from sidecar.retry.engine import Engine, Result
+from sidecar.retry.engine import Engine
 from sidecar.serve import answers
 from sidecar.serve.relay import relay
 from sidecar.serve.routing import RouteTable, Target, has_dot_segment

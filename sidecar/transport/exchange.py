@@ -13,13 +13,13 @@ import enum
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from multidict import CIMultiDict
 from yarl import URL
 
 from sidecar.outcomes import AttemptError, out_of_descriptors
-from sidecar.tool.envelopes import first_event
+from sidecar.tool.envelopes import first_event, json_document
 from sidecar.transport.answer import MalformedAnswer
 from sidecar.transport.connection import ConnectionBroken, Progress, RequestBody, Stage
 from sidecar.transport.pool import Pool, Response
@@ -84,6 +84,14 @@ class Answer:
     def discard(self) -> None:
         """Give the connection back to the pool; it is closed if the body was not read."""
         self.response.release()
+
+    def document(self) -> Any:
+        """The body's JSON document, when the body was read whole and holds one."""
+        if not self.decisive:
+            return None
+        response = self.response
+        content_encoding = response.headers.get("Content-Encoding")
+        return json_document(response.content_type, content_encoding, self.body)
 
     async def rest(self) -> AsyncIterator[bytes]:
         """The body past ``body``, as it arrives; ``BodyBroken`` if it does not end whole."""
