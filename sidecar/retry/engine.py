@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
 from sidecar.config.settings import RouteConfig
@@ -51,7 +51,7 @@ class Engine:
         self,
         pool: Pool,
         hooks: Hooks,
-        routes: list[RouteConfig],
+        routes: Sequence[RouteConfig],
         repairs: Repairs,
         *,
         inspect_limit: int,

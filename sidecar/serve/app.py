@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.openmetrics import exposition as openmetrics
 from yarl import URL
 
-from sidecar.config.settings import Settings, resolve_routes
+from sidecar.config.settings import RouteConfig, Settings, resolve_routes
 from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
@@ -108,66 +108,92 @@ def create_app(
     app[LIFECYCLE] = Lifecycle()
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
-        pool = create_pool(settings.upstream_max_connections, settings.max_header_bytes)
-        # Schema documents come through aiohttp's own client: a few fetches, off the hot path.
-        session = aiohttp.ClientSession()
-        schemas = SchemaStore(
-            {route.name: route.schema_source for route in route_configs}, hooks.schema_unavailable
-        )
-        await schemas.load(session, SCHEMA_FETCH_TIMEOUT_S)
-        refresh = asyncio.create_task(
-            schemas.refresh_forever(
-                session, SCHEMA_FETCH_TIMEOUT_S, settings.schema_refresh_ms / 1000
-            )
-        )
-        state = StateStore.from_settings(settings, hooks, clock)
-        llm_client = llm_client_for(settings)
-        repairer = (
-            LlmRepairer(
-                llm_client,
-                settings.llm_model,
+        async with contextlib.AsyncExitStack() as held:
+            # Spans still buffered go out last; exporting blocks, so off the event loop.
+            held.push_async_callback(asyncio.to_thread, hooks.close)
+            engine = await _start_engine(held, settings, route_configs, hooks, sleep, clock)
+            app[PROXY] = Proxy(
+                routes,
+                engine,
                 hooks,
-                max_concurrency=settings.llm_max_concurrency,
-                clock=clock,
-                shared=state.by_route(route_configs) if state is not None else None,
+                max_request_bytes=settings.max_request_bytes,
+                max_in_flight=settings.max_in_flight,
+                client_timeout_s=settings.client_timeout_ms / 1000,
+                max_header_bytes=settings.max_header_bytes,
             )
-            if llm_client is not None
-            else None
-        )
-        engine = Engine(
-            pool,
-            hooks,
-            list(route_configs),
-            Repairs(schemas, repairer, hooks),
-            inspect_limit=INSPECT_LIMIT_BYTES,
-            sleep=sleep,
-            clock=clock,
-            state=state,
-        )
-        app[PROXY] = Proxy(
-            routes,
-            engine,
-            hooks,
-            max_request_bytes=settings.max_request_bytes,
-            max_in_flight=settings.max_in_flight,
-            client_timeout_s=settings.client_timeout_ms / 1000,
-            max_header_bytes=settings.max_header_bytes,
-        )
-        yield
-        refresh.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await refresh
-        await session.close()
-        await pool.close()
-        if state is not None:
-            await state.close()
-        if llm_client is not None:
-            await llm_client.close()
-        # Spans still buffered go out now; exporting blocks, so off the event loop.
-        await asyncio.to_thread(hooks.close)
+            yield
 
     app.cleanup_ctx.append(upstream_session)
     return app
+
+
+async def _start_engine(
+    held: contextlib.AsyncExitStack,
+    settings: Settings,
+    routes: tuple[RouteConfig, ...],
+    hooks: Hooks,
+    sleep: Sleep,
+    clock: Clock,
+) -> Engine:
+    """The retry engine and what it holds open (the pool, the store, the LLM client, the
+    schemas), each closed by ``held`` in the reverse order."""
+    pool = create_pool(settings.upstream_max_connections, settings.max_header_bytes)
+    held.push_async_callback(pool.close)
+    state = StateStore.from_settings(settings, hooks, clock)
+    if state is not None:
+        held.push_async_callback(state.close)
+    llm_client = llm_client_for(settings)
+    repairer = None
+    if llm_client is not None:
+        held.push_async_callback(llm_client.close)
+        repairer = LlmRepairer(
+            llm_client,
+            settings.llm_model,
+            hooks,
+            max_concurrency=settings.llm_max_concurrency,
+            clock=clock,
+            shared=state.by_route(routes) if state is not None else None,
+        )
+    schemas = await _load_schemas(held, settings, routes, hooks)
+    return Engine(
+        pool,
+        hooks,
+        routes,
+        Repairs(schemas, repairer, hooks),
+        inspect_limit=INSPECT_LIMIT_BYTES,
+        sleep=sleep,
+        clock=clock,
+        state=state,
+    )
+
+
+async def _load_schemas(
+    held: contextlib.AsyncExitStack,
+    settings: Settings,
+    routes: tuple[RouteConfig, ...],
+    hooks: Hooks,
+) -> SchemaStore:
+    """The routes' schemas, loaded now and refreshed in the background until ``held`` closes.
+
+    Schema documents come through aiohttp's own client: a few fetches, off the hot path.
+    """
+    session = aiohttp.ClientSession()
+    held.push_async_callback(session.close)
+    schemas = SchemaStore(
+        {route.name: route.schema_source for route in routes}, hooks.schema_unavailable
+    )
+    await schemas.load(session, SCHEMA_FETCH_TIMEOUT_S)
+    refresh = asyncio.create_task(
+        schemas.refresh_forever(session, SCHEMA_FETCH_TIMEOUT_S, settings.schema_refresh_ms / 1000)
+    )
+    held.push_async_callback(_cancelled, refresh)
+    return schemas
+
+
+async def _cancelled(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 @contextlib.asynccontextmanager

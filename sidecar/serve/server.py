@@ -85,21 +85,7 @@ async def serve(settings: Settings) -> None:
         await proxy_runner.setup()
         await admin_runner.setup()
         try:
-            await _listen(
-                admin_runner,
-                settings.admin_host,
-                settings.admin_port,
-                "admin port (SIDECAR_ADMIN_PORT)",
-                "SIDECAR_ADMIN_HOST",
-            )
-            await _listen(
-                proxy_runner,
-                settings.host,
-                settings.port,
-                "proxy port (SIDECAR_PORT)",
-                "SIDECAR_HOST",
-                backlog=ACCEPT_BACKLOG,
-            )
+            await _listen_on_both(settings, proxy_runner, admin_runner)
             _settle_heap()
             lifecycle.ready = True
             log.info(
@@ -125,6 +111,27 @@ async def serve(settings: Settings) -> None:
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
     log.info("sidecar_stopped")
+
+
+async def _listen_on_both(
+    settings: Settings, proxy_runner: web.BaseRunner, admin_runner: web.BaseRunner
+) -> None:
+    """The admin port first, so that a probe finds it as soon as the proxy accepts."""
+    await _listen(
+        admin_runner,
+        settings.admin_host,
+        settings.admin_port,
+        "admin port (SIDECAR_ADMIN_PORT)",
+        "SIDECAR_ADMIN_HOST",
+    )
+    await _listen(
+        proxy_runner,
+        settings.host,
+        settings.port,
+        "proxy port (SIDECAR_PORT)",
+        "SIDECAR_HOST",
+        backlog=ACCEPT_BACKLOG,
+    )
 
 
 def _settle_heap() -> None:
