@@ -41,7 +41,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.config.settings import load_settings, resolve_routes
+from sidecar.config import load_settings, resolve_routes
 from sidecar.repair.llm import LlmAnswer
 from sidecar.retry.guards.fleet import StateStore
 from sidecar.telemetry import build_hooks

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 
-from sidecar.config.settings import RouteConfig
+from sidecar.config import RouteConfig
 from sidecar.errors import AttemptError
 from sidecar.ids import idempotency_key
 from sidecar.repair.payload import Payload

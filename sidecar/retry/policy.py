@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.config.settings import JitterMode
+from sidecar.config.values import JitterMode
 
 Uniform = Callable[[float, float], float]
 

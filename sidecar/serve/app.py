@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.openmetrics import exposition as openmetrics
 from yarl import URL
 
-from sidecar.config.settings import Settings, resolve_routes
+from sidecar.config import Settings, resolve_routes
 from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore

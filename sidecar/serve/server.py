@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.config.settings import Settings, resolve_routes
+from sidecar.config import Settings, resolve_routes
 from sidecar.errors import out_of_descriptors
 from sidecar.serve.app import (
     HOOKS,

@@ -1,0 +1,45 @@
+"""The effective configuration as ``check-config`` prints it, every secret masked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from yarl import URL
+
+from sidecar.config.model import Settings
+from sidecar.config.routes import resolve_routes
+
+
+def masked(settings: Settings) -> dict[str, Any]:
+    """The effective configuration as plain data, with every secret masked."""
+    data = settings.model_dump(mode="json", by_alias=True, exclude={"routes", "upstream_url"})
+    data["llm_api_key"] = "***" if settings.llm_api_key else None
+    if settings.state_url is not None:
+        data["state_url"] = _mask_url(URL(settings.state_url.get_secret_value()))
+    data["retry_on_status"] = _plain(settings.retry_on_status)
+    data["routes"] = [
+        {
+            "name": route.name,
+            "prefix": route.prefix,
+            "upstream": _mask_url(route.upstream),
+            "strip_prefix": route.strip_prefix,
+            "schema": route.schema_source,
+            **{key: _plain(getattr(route.tuning, key)) for key in spec.overrides},
+        }
+        for spec, route in zip(settings.all_route_specs(), resolve_routes(settings), strict=True)
+    ]
+    if settings.llm_base_url is not None:
+        data["llm_base_url"] = _mask_url(URL(str(settings.llm_base_url)))
+    return data
+
+
+def _plain(value: Any) -> Any:
+    return sorted(value) if isinstance(value, frozenset) else value
+
+
+def _mask_url(url: URL) -> str:
+    if url.password is not None or url.user is not None:
+        url = url.with_user("***").with_password(None)
+    if url.query:
+        url = url.with_query({key: "***" for key in url.query})
+    return str(url)
