@@ -7,7 +7,6 @@ from typing import Any
 from yarl import URL
 
 from sidecar.config.model import Settings
-from sidecar.config.routes import resolve_routes
 
 
 def masked(settings: Settings) -> dict[str, Any]:
@@ -26,7 +25,7 @@ def masked(settings: Settings) -> dict[str, Any]:
             "schema": route.schema_source,
             **{key: _plain(getattr(route.tuning, key)) for key in spec.overrides},
         }
-        for spec, route in zip(settings.all_route_specs(), resolve_routes(settings), strict=True)
+        for spec, route in zip(settings.all_route_specs(), settings.route_configs, strict=True)
     ]
     if settings.llm_base_url is not None:
         data["llm_base_url"] = _mask_url(URL(str(settings.llm_base_url)))

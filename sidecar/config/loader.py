@@ -12,7 +12,6 @@ from pydantic_settings import SettingsError
 from sidecar.config.errors import ConfigError
 from sidecar.config.messages import describe
 from sidecar.config.model import Settings
-from sidecar.config.routes import resolve_routes
 
 
 def load_settings(**overrides: Any) -> Settings:
@@ -26,6 +25,6 @@ def load_settings(**overrides: Any) -> Settings:
         raise ConfigError(f"configuration error: {exc}") from None
     except RecursionError:
         raise ConfigError("configuration error: a value nests too deeply") from None
-    # Resolved now, so a bad route override fails at load.
-    resolve_routes(settings)
+    # Resolved now, so a bad route override fails at load; everything after reuses these.
+    settings.route_configs  # noqa: B018
     return settings

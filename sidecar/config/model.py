@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -314,3 +315,12 @@ class Settings(Tuning, BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return settings_sources(settings_cls, init_settings, env_settings)
+
+    @cached_property
+    def route_configs(self) -> tuple[RouteConfig, ...]:
+        """Every route ready to serve, resolved once: the settings are frozen."""
+        # Imported here: resolving words its errors with these models' field names, so
+        # the routes module builds on this one.
+        from sidecar.config.routes import resolve_routes
+
+        return resolve_routes(self)

@@ -1,4 +1,8 @@
-"""Route resolution: each route's own settings merged over the process defaults."""
+"""Route resolution: each route's own settings merged over the process defaults.
+
+``Settings.route_configs`` calls this once per settings object; ``load_settings`` asks
+for it, so a bad route fails at load.
+"""
 
 from __future__ import annotations
 
