@@ -41,7 +41,7 @@ import orjson
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from sidecar.config.settings import load_settings, resolve_routes
+from sidecar.config import load_settings
 from sidecar.repair.llm import LlmAnswer
 from sidecar.retry.guards.fleet import StateStore
 from sidecar.telemetry import build_hooks
@@ -242,7 +242,7 @@ async def memory_rows(store: RedisServer) -> list[list[Any]]:
         settings, build_hooks(Metrics(CollectorRegistry()), environ={})
     )
     assert state is not None
-    [route] = resolve_routes(settings)
+    [route] = settings.route_configs
     view = state.for_route(route)
     assert view is not None
     window_s = route.tuning.circuit_window_ms / 1000

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import structlog
 
 from sidecar import __version__
-from sidecar.config.settings import ConfigError, Settings, load_settings, masked, unknown_variables
+from sidecar.config import ConfigError, Settings, load_settings, masked, unknown_variables
 from sidecar.inject import args as inject_args
 from sidecar.serve.server import StartupError, serve
 from sidecar.telemetry.observe import configure_logging

@@ -1,12 +1,16 @@
-"""What a credential looks like: secret-looking names, and credentials inside free text.
+"""What a credential looks like, the one rule for it: secret-looking names, credentials
+inside free text, and the parts of a URL that may hold one.
 
-The LLM prompt's redaction and the log processor both read these patterns, so what one
-hides the other cannot show.
+The log processor, the LLM prompt's redaction and ``check-config``'s display all ask this
+module, so what one hides the others cannot show.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+
+from yarl import URL
 
 _SECRET_NAME = re.compile(
     r"password|passwd|passphrase|(^|[-_])pass$|secret|credential|private[-_]?key|apikey"
@@ -37,8 +41,25 @@ def is_secret_name(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
-def mask_credentials(text: str) -> str:
-    """``text`` with URL userinfo, credential query values and HTTP credentials masked."""
-    text = URL_USERINFO.sub(rf"\g<1>{MASK}@", text)
-    text = QUERY_CREDENTIAL.sub(rf"\g<1>{MASK}", text)
-    return HTTP_CREDENTIAL.sub(rf"\g<1>\g<2>{MASK}", text)
+def _masked(_credential: str) -> str:
+    return MASK
+
+
+def mask_credentials(text: str, replace: Callable[[str], str] = _masked) -> str:
+    """``text`` with each credential in it (URL userinfo, a credential query value, an HTTP
+    credential) replaced by ``replace(credential)``: the mask, or the redactor's placeholder.
+    """
+    text = URL_USERINFO.sub(lambda found: found[1] + replace(found[2][:-1]) + "@", text)
+    text = QUERY_CREDENTIAL.sub(lambda found: found[1] + replace(found[2]), text)
+    return HTTP_CREDENTIAL.sub(lambda found: found[1] + found[2] + replace(found[3]), text)
+
+
+def mask_url(url: URL) -> str:
+    """``url`` fit to print: its userinfo masked, and every query value, not only those
+    ``QUERY_CREDENTIAL`` names, since a configured URL's parameters are set for the tool
+    and any of them may be its key."""
+    if url.password is not None or url.user is not None:
+        url = url.with_user(MASK).with_password(None)
+    if url.query:
+        url = url.with_query({key: MASK for key in url.query})
+    return str(url)

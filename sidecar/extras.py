@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from sidecar.config.settings import ConfigError
+from sidecar.config import ConfigError
 
 DISTRIBUTION = "tool-retry-sidecar"
 

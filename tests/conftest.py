@@ -20,7 +20,7 @@ from hypothesis import settings as hypothesis_settings
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
-from sidecar.config.settings import load_settings
+from sidecar.config import load_settings
 from sidecar.serve.app import create_app, proxy_server, running
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

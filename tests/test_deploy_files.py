@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 from prometheus_client import CollectorRegistry
 
-from sidecar.config.settings import RouteSpec, Settings
+from sidecar.config import RouteSpec, Settings
 from sidecar.inject.pod import ADMIN_PORT_NAME, CONFIG_DIR, CONFIG_KEY, INJECTED_LABEL
 from sidecar.telemetry.observe import Metrics
 

@@ -19,7 +19,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from pydantic.fields import FieldInfo
 
-from sidecar.config.settings import (
+from sidecar.config import (
     ENV_PREFIX,
     RouteSpec,
     Settings,

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from aiohttp import web
 
-from sidecar.config.settings import ConfigError, load_settings, masked, unknown_variables
+from sidecar.config import ConfigError, load_settings, masked, unknown_variables
 from tests.conftest import FakeClock, eventually, unused_port
 from tests.processes import RunningSidecar, sidecar_process
 from tests.redis_store import RedisServer

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.config.settings import Tuning
+from sidecar.config import Tuning
 from sidecar.outcomes import Outcome, Wait
 from sidecar.retry.controls import request_controls
 from sidecar.retry.guards.budget import RetryBudget

@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from sidecar.config.settings import load_settings, resolve_routes
+from sidecar.config import load_settings, resolve_routes
 from sidecar.serve.routing import RouteTable
 
 

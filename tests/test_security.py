@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
-from sidecar.config.settings import TUNING_FIELDS, ConfigError, Settings, load_settings
+from sidecar.config import TUNING_FIELDS, ConfigError, Settings, load_settings
 from tests.rawhttp import raw_exchange
 
 pytestmark = pytest.mark.security

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sidecar.config.settings import (
+from sidecar.config import (
     ConfigError,
     load_settings,
     masked,

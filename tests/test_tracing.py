@@ -10,7 +10,7 @@ import sys
 import pytest
 from aiohttp import web
 
-from sidecar.config.settings import ConfigError, load_settings
+from sidecar.config import ConfigError, load_settings
 from sidecar.serve.app import HOOKS, create_admin_app, create_app
 from tests.otlp import ReceivedSpan, Receiver, start_receiver
 
@@ -241,7 +241,7 @@ def _imports_the_sdk(environment: dict[str, str]) -> bool:
     program = (
         "import sys\n"
         "from sidecar.serve.app import create_app\n"
-        "from sidecar.config.settings import load_settings\n"
+        "from sidecar.config import load_settings\n"
         "create_app(load_settings(upstream_url='http://127.0.0.1:9'))\n"
         "print(any(name.startswith('opentelemetry') for name in sys.modules))\n"
     )

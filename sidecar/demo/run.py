@@ -22,7 +22,7 @@ import orjson
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecar.config.settings import load_settings
+from sidecar.config import load_settings
 from sidecar.demo.tool import API_KEY, ToolLog, create_tool_app
 from sidecar.serve.app import LIFECYCLE, create_admin_app, create_app, proxy_runner_for, running
 

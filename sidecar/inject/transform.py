@@ -22,7 +22,7 @@ from typing import Any
 from ruamel.yaml.comments import CommentedMap
 from ruamel.yaml.scalarstring import LiteralScalarString
 
-from sidecar.config.settings import ConfigError, load_settings
+from sidecar.config import ConfigError, load_settings
 from sidecar.inject.args import CONFIG_KEY
 from sidecar.inject.pod import (
     SIDECAR_NAME,

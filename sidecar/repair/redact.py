@@ -1,16 +1,17 @@
 """Secrets out of what the LLM sees, and back into what it returns.
 
 A value is secret when its field name looks secret (password, token, api_key, …), or when
-it sits inside a string as a URL query credential (``appid=…``, ``key=…``) or an HTTP
-credential (``Bearer …``). Each distinct secret becomes a stable placeholder; ``restore``
-puts the real values back wherever the model kept a placeholder.
+it sits inside a string as URL userinfo, a URL query credential (``appid=…``, ``key=…``)
+or an HTTP credential (``Bearer …``): ``sidecar.credentials``'s rule, which the logs
+follow too. Each distinct secret becomes a stable placeholder; ``restore`` puts the real
+values back wherever the model kept a placeholder.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sidecar.credentials import HTTP_CREDENTIAL, QUERY_CREDENTIAL, is_secret_name
+from sidecar.credentials import is_secret_name, mask_credentials
 
 # Shorter secret values (a 4-digit PIN) would match ordinary text far too often.
 _MIN_ECHOED_SECRET = 6
@@ -43,10 +44,7 @@ class Redactor:
         appears: a tool that echoes the payload's API key in its error message must not
         carry it into the prompt.
         """
-        text = QUERY_CREDENTIAL.sub(lambda m: m.group(1) + self._placeholder(m.group(2)), text)
-        text = HTTP_CREDENTIAL.sub(
-            lambda m: m.group(1) + m.group(2) + self._placeholder(m.group(3)), text
-        )
+        text = mask_credentials(text, self._placeholder)
         for secret, placeholder in self._placeholders.items():
             if len(secret) >= _MIN_ECHOED_SECRET:
                 text = text.replace(secret, placeholder)
@@ -60,7 +58,9 @@ class Redactor:
         if isinstance(value, str):
             if value in self._originals:
                 return self._originals[value]
-            for secret, placeholder in self._placeholders.items():
+            # Newest first: a later secret may hold an earlier placeholder (a query value
+            # holding a URL whose userinfo was already replaced).
+            for secret, placeholder in reversed(self._placeholders.items()):
                 value = value.replace(placeholder, secret)
         return value
 

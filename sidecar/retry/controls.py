@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sidecar.config.settings import REPAIR_LEVELS, RepairLevel, Tuning
+from sidecar.config.values import REPAIR_LEVELS, RepairLevel
+
+if TYPE_CHECKING:
+    from sidecar.config.model import Tuning
 
 MAX_RETRIES = "X-Sidecar-Max-Retries"
 TIMEOUT_MS = "X-Sidecar-Timeout-Ms"

@@ -13,7 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 
-from sidecar.config.settings import RouteConfig
+from sidecar.config import RouteConfig
 from sidecar.ids import idempotency_key
 from sidecar.outcomes import AttemptError, Outcome, Wait
 from sidecar.repair.payload import Payload

@@ -15,7 +15,7 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.config.settings import JitterMode
+from sidecar.config.values import JitterMode
 from sidecar.outcomes import Outcome, Wait
 
 Uniform = Callable[[float, float], float]

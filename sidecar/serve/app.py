@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.openmetrics import exposition as openmetrics
 from yarl import URL
 
-from sidecar.config.settings import RouteConfig, Settings, resolve_routes
+from sidecar.config import RouteConfig, Settings
 from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
@@ -99,7 +99,7 @@ def create_app(
     hooks = build_hooks(
         metrics, access_log=settings.access_log, clock=clock, llm_model=settings.llm_model
     )
-    route_configs = resolve_routes(settings)
+    route_configs = settings.route_configs
     routes = RouteTable(route_configs)
 
     app = web.Application()

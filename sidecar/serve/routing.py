@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from yarl import URL
 
-from sidecar.config.settings import RouteConfig
+from sidecar.config import RouteConfig
 
 # A "." or ".." path segment, also percent-encoded: resolved by the tool, it could climb out
 # of the route's prefix or the upstream's base path.

@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.config.settings import Settings, resolve_routes
+from sidecar.config import Settings
 from sidecar.outcomes import out_of_descriptors
 from sidecar.serve.app import (
     HOOKS,
@@ -93,7 +93,7 @@ async def serve(settings: Settings) -> None:
                 version=__version__,
                 proxy_port=proxy_runner.addresses[0][1],
                 admin_port=admin_runner.addresses[0][1],
-                routes=[route.name for route in resolve_routes(settings)],
+                routes=[route.name for route in settings.route_configs],
             )
             await stop.wait()
             lifecycle.draining = True

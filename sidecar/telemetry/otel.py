@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from sidecar import __version__
-from sidecar.config.settings import ConfigError
+from sidecar.config import ConfigError
 from sidecar.extras import require_extra
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sidecar.config.settings import RouteConfig, Settings
+from sidecar.config import RouteConfig, Settings
 from sidecar.telemetry import Hooks
 
 if TYPE_CHECKING:

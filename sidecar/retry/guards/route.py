@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecar.config.settings import RouteConfig
+from sidecar.config import RouteConfig
 from sidecar.retry.guards.budget import RetryBudget
 from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
 from sidecar.retry.guards.fleet import RouteState
