@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from sidecar import __version__
 from sidecar.config import ConfigError
-from sidecar.extras import require_extra
+from sidecar.config.extras import require_extra
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

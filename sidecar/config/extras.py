@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from sidecar.config import ConfigError
+from sidecar.config.errors import ConfigError
 
 DISTRIBUTION = "tool-retry-sidecar"
 
