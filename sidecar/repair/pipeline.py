@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from sidecar.config.settings import RepairLevel
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
-from sidecar.repair.llm import LlmRepairer, LlmRequest
+from sidecar.repair.llm import LlmRepairer
+from sidecar.repair.llm_prompt import LlmRequest
 from sidecar.repair.payload import Payload, fingerprint
 from sidecar.repair.schemas import SchemaStore
 from sidecar.retry.classify import Reply
