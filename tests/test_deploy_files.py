@@ -11,7 +11,9 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from sidecar.config import RouteSpec, Settings
-from sidecar.inject.pod import ADMIN_PORT_NAME, CONFIG_DIR, CONFIG_KEY, INJECTED_LABEL
+from sidecar.inject.args import CONFIG_KEY
+from sidecar.inject.container import ADMIN_PORT_NAME, CONFIG_DIR
+from sidecar.inject.pod import INJECTED_LABEL
 from sidecar.telemetry.observe import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent

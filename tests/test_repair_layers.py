@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
-from sidecar.repair.llm import Refused, check_correction
+from sidecar.repair.llm_answer import Refused, check_correction
 from sidecar.repair.redact import Redactor, is_secret_name
 from sidecar.repair.schemas import RouteSchema, parse_document, resolve
 from sidecar.tool.envelopes import ToolFailure

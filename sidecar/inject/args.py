@@ -35,6 +35,15 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--uninject", action="store_true", help="take out everything inject added instead"
     )
+    # In this order in --help: the sidecar, then the agents beside it, then the ports.
+    _add_sidecar_arguments(parser)
+    _add_agent_arguments(parser)
+    parser.add_argument("--port", type=int, default=8090, metavar="N", help="proxy port")
+    parser.add_argument("--admin-port", type=int, default=9464, metavar="N", help="admin port")
+
+
+def _add_sidecar_arguments(parser: Any) -> None:
+    """What the sidecar runs: its image, its kind of container, its tool, config and key."""
     parser.add_argument(
         "--image", default=DEFAULT_IMAGE, help=f"the sidecar's image (default {DEFAULT_IMAGE})"
     )
@@ -59,6 +68,10 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--llm-secret", metavar="NAME/KEY", help="the Secret and key holding the LLM API key"
     )
+
+
+def _add_agent_arguments(parser: Any) -> None:
+    """Which agent containers are pointed at the sidecar, and through which variables."""
     parser.add_argument(
         "--agent-env",
         action="append",
@@ -74,5 +87,3 @@ def add_parser(commands: Any) -> None:
         metavar="NAME",
         help="the agent container (repeatable; default: every container)",
     )
-    parser.add_argument("--port", type=int, default=8090, metavar="N", help="proxy port")
-    parser.add_argument("--admin-port", type=int, default=9464, metavar="N", help="admin port")

@@ -4,7 +4,8 @@ Everything added is listed in the pod template's ``tool-retry-sidecar/status`` a
 (as Istio's ``sidecar.istio.io/status`` lists what it injected): the annotations and labels
 set, the volume, the generated ConfigMap, and each agent variable with the entry it
 replaced. Taking the sidecar out reads that record, so it removes only what was added and
-gives replaced variables back their original entries.
+gives replaced variables back their original entries. The sidecar's container itself
+is ``container``'s.
 """
 
 from __future__ import annotations
@@ -17,24 +18,13 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from yarl import URL
 
 from sidecar import __version__
-from sidecar.inject.args import CONFIG_KEY
+from sidecar.inject.container import ADMIN_PORT_NAME, SIDECAR_NAME, Sidecar, container_spec
 from sidecar.inject.yamltext import dump, load
 
-SIDECAR_NAME = "tool-retry-sidecar"
 STATUS_ANNOTATION = "tool-retry-sidecar/status"
 INJECTED_LABEL = "tool-retry-sidecar/injected"
 CHECKSUM_ANNOTATION = "tool-retry-sidecar/config-checksum"
-PROXY_PORT_NAME = "sidecar-proxy"
-ADMIN_PORT_NAME = "sidecar-admin"
-CONFIG_DIR = "/etc/tool-retry-sidecar"
 VOLUME_NAME = "tool-retry-sidecar-config"
-RUN_AS = 10001
-DEFAULT_GRACE_SECONDS = 30
-DRAIN_SECONDS = 20
-# Left of the pod's grace period for the kubelet to stop the sidecar after its drain.
-GRACE_MARGIN_SECONDS = 5
-# Plain-container mode: the agent beside the sidecar gets this long to finish its calls.
-PRESTOP_SLEEP_SECONDS = 5
 
 
 class InjectError(Exception):
@@ -43,27 +33,6 @@ class InjectError(Exception):
 
 class Skip(Exception):
     """A workload left as it is, with the reason shown to the user."""
-
-
-@dataclass(frozen=True)
-class Sidecar:
-    """What to add to a pod template."""
-
-    image: str
-    native: bool = True
-    port: int = 8090
-    admin_port: int = 9464
-    upstream: str | None = None
-    config_map: str | None = None
-    config_checksum: str | None = None
-    config_generated: bool = False
-    llm_secret: tuple[str, str] | None = None
-    # (variable, path): each variable becomes the sidecar's URL plus its route's path.
-    agent_env: tuple[tuple[str, str], ...] = ()
-    agent_containers: frozenset[str] = frozenset()
-
-    def agent_url(self, path: str = "") -> str:
-        return f"http://localhost:{self.port}{path}"
 
 
 @dataclass
@@ -125,7 +94,7 @@ def add(template: Any, sidecar: Sidecar, places: Places | None = None) -> tuple[
         volume = CommentedMap(name=status.volume, configMap=CommentedMap(name=sidecar.config_map))
         _insert(_child_list(spec, "volumes"), places.volume, volume)
 
-    container = _container(sidecar, upstream, _drain_seconds(spec, sidecar), status.volume)
+    container = container_spec(sidecar, spec, upstream, status.volume)
     target = "initContainers" if sidecar.native else "containers"
     index = places.container[1] if places.container and places.container[0] == target else None
     _insert(_child_list(spec, target, before="containers"), index, container)
@@ -248,78 +217,6 @@ def _upstream_from_agents(agents: list[Any], sidecar: Sidecar) -> str | None:
     )
 
 
-def _container(
-    sidecar: Sidecar, upstream: str | None, drain_seconds: int, volume: str | None
-) -> CommentedMap:
-    # Both addresses explicit, whatever the image's defaults: only the pod's own containers
-    # reach the proxy; the kubelet's probes and Prometheus reach the admin port on the pod IP.
-    env: list[dict[str, Any]] = [
-        {"name": "SIDECAR_HOST", "value": "127.0.0.1"},
-        {"name": "SIDECAR_PORT", "value": str(sidecar.port)},
-        {"name": "SIDECAR_ADMIN_HOST", "value": "0.0.0.0"},
-        {"name": "SIDECAR_ADMIN_PORT", "value": str(sidecar.admin_port)},
-        {"name": "SIDECAR_DRAIN_TIMEOUT_MS", "value": str(drain_seconds * 1000)},
-    ]
-    if upstream:
-        env.append({"name": "SIDECAR_UPSTREAM_URL", "value": upstream})
-    if volume:
-        env.append({"name": "SIDECAR_CONFIG_FILE", "value": f"{CONFIG_DIR}/{CONFIG_KEY}"})
-    if sidecar.llm_secret:
-        name, key = sidecar.llm_secret
-        env.append(
-            {
-                "name": "SIDECAR_LLM_API_KEY",
-                "valueFrom": {"secretKeyRef": {"name": name, "key": key}},
-            }
-        )
-    container: dict[str, Any] = {
-        "name": SIDECAR_NAME,
-        "image": sidecar.image,
-        "imagePullPolicy": "IfNotPresent",
-    }
-    if sidecar.native:
-        container["restartPolicy"] = "Always"
-    container["ports"] = [
-        {"name": PROXY_PORT_NAME, "containerPort": sidecar.port, "protocol": "TCP"},
-        {"name": ADMIN_PORT_NAME, "containerPort": sidecar.admin_port, "protocol": "TCP"},
-    ]
-    container["env"] = env
-    container["startupProbe"] = _probe("/readyz", periodSeconds=1, failureThreshold=30)
-    container["readinessProbe"] = _probe("/readyz", periodSeconds=5)
-    container["livenessProbe"] = _probe("/healthz", periodSeconds=10, failureThreshold=3)
-    if not sidecar.native:
-        sleep = ["sleep", str(PRESTOP_SLEEP_SECONDS)]
-        container["lifecycle"] = {"preStop": {"exec": {"command": sleep}}}
-    container["resources"] = {
-        "requests": {"cpu": "50m", "memory": "64Mi"},
-        "limits": {"memory": "256Mi"},
-    }
-    container["securityContext"] = {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "runAsUser": RUN_AS,
-        "runAsGroup": RUN_AS,
-        "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-    if volume:
-        container["volumeMounts"] = [{"name": volume, "mountPath": CONFIG_DIR, "readOnly": True}]
-    commented: CommentedMap = _commented(container)
-    return commented
-
-
-def _probe(path: str, **timing: int) -> dict[str, Any]:
-    return {"httpGet": {"path": path, "port": ADMIN_PORT_NAME}, **timing}
-
-
-def _drain_seconds(spec: Any, sidecar: Sidecar) -> int:
-    """The drain, fitted inside the pod's grace period with room for the kubelet."""
-    grace: int = spec.get("terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS)
-    spare = grace - GRACE_MARGIN_SECONDS - (0 if sidecar.native else PRESTOP_SLEEP_SECONDS)
-    return max(1, min(DRAIN_SECONDS, spare))
-
-
 def _scrape_annotations(sidecar: Sidecar) -> dict[str, str]:
     return {
         "prometheus.io/scrape": "true",
@@ -398,12 +295,3 @@ def _insert(items: Any, index: int | None, item: Any) -> None:
 def _drop_if_empty(parent: Any, key: str) -> None:
     if key in parent and not parent[key]:
         del parent[key]
-
-
-def _commented(value: Any) -> Any:
-    """Plain data as round-trip nodes, so it is written in block style like its neighbours."""
-    if isinstance(value, dict):
-        return CommentedMap((key, _commented(item)) for key, item in value.items())
-    if isinstance(value, list):
-        return CommentedSeq(_commented(item) for item in value)
-    return value

@@ -24,10 +24,9 @@ from ruamel.yaml.scalarstring import LiteralScalarString
 
 from sidecar.config import ConfigError, load_settings
 from sidecar.inject.args import CONFIG_KEY
+from sidecar.inject.container import SIDECAR_NAME, Sidecar
 from sidecar.inject.pod import (
-    SIDECAR_NAME,
     InjectError,
-    Sidecar,
     Skip,
     add,
     has_foreign_sidecar,

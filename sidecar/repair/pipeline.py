@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
 from sidecar.config.values import RepairLevel
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
-from sidecar.repair.llm import LlmRepairer, LlmRequest
+from sidecar.repair.llm import LlmRepairer
+from sidecar.repair.llm_prompt import LlmRequest
 from sidecar.repair.payload import Payload, fingerprint
 from sidecar.repair.schemas import SchemaStore
 from sidecar.retry.classify import Reply
@@ -65,6 +67,8 @@ class Repairs:
         return payload.repaired(coerced, "coercion")
 
     async def propose(self, job: RepairJob) -> Proposal:
+        """The payload to send after ``job``'s failure, from the first layer that makes one
+        not yet tried; an empty proposal when none does."""
         value = job.payload.value
         if job.level == "off" or value is None:
             return Proposal()
@@ -91,26 +95,18 @@ class Repairs:
 
         if job.level != "auto" or self._llm is None or job.llm_repairs_left <= 0:
             return Proposal()
-        asked = await self._llm.repair(
-            LlmRequest(
-                method=job.method,
-                route=job.route,
-                path=job.path,
-                path_template=(
-                    self._schemas.path_template(job.route, job.method, job.path) or job.path
-                ),
-                status=job.reply.status,
-                failure=failure,
-                body_text=job.reply.text,
-                payload=document,
-                schema=schema,
-                attempt=job.attempt,
-                intent=job.intent,
-                tried=job.tried,
-            ),
-            job.time_left_s,
-            job.llm_repairs_left,
-        )
+        return await self._ask_llm(self._llm, job, document, schema)
+
+    async def _ask_llm(
+        self,
+        llm: LlmRepairer,
+        job: RepairJob,
+        document: dict[str, Any],
+        schema: dict[str, Any] | None,
+    ) -> Proposal:
+        """The model's correction of ``document`` as a proposal, or its decline."""
+        request = self._llm_request(job, document, schema)
+        asked = await llm.repair(request, job.time_left_s, job.llm_repairs_left)
         # Each model call is one of the request's LLM repairs, and so is a cached answer: the
         # cap bounds how often the layer is consulted, not only what it costs.
         used = max(asked.calls, 1)
@@ -131,3 +127,24 @@ class Repairs:
         )
         self._hooks.payload_repaired(job.route, "llm", changed)
         return Proposal(job.payload.repaired(answer.corrected, "llm"), "llm", llm_repairs=used)
+
+    def _llm_request(
+        self, job: RepairJob, document: dict[str, Any], schema: dict[str, Any] | None
+    ) -> LlmRequest:
+        """What the model is told about ``job``'s failure of ``document``."""
+        return LlmRequest(
+            method=job.method,
+            route=job.route,
+            path=job.path,
+            path_template=(
+                self._schemas.path_template(job.route, job.method, job.path) or job.path
+            ),
+            status=job.reply.status,
+            failure=job.reply.failure,
+            body_text=job.reply.text,
+            payload=document,
+            schema=schema,
+            attempt=job.attempt,
+            intent=job.intent,
+            tried=job.tried,
+        )
