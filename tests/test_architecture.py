@@ -1,4 +1,5 @@
-"""The package's shape: small modules, short functions, few modules at its top.
+"""The package's shape: small modules, short functions, few modules at its top, and
+imports that point down the layers of docs/architecture.md.
 
 No module over 400 lines and no function over 50 (its docstring included) anywhere in
 ``sidecar/`` but the demo package, and at most ten modules directly in ``sidecar/``. Each
@@ -56,3 +57,39 @@ def test_at_most_ten_modules_sit_directly_in_the_package() -> None:
         f"{len(top)} modules directly in sidecar/ (at most {MAX_TOP_LEVEL_MODULES}): "
         + ", ".join(top)
     )
+
+
+# docs/architecture.md's layers, bottom first. A module may import from its own layer and
+# those below; ``inject`` and ``demo`` sit beside the stack, above config and serve.
+LAYERS = (
+    ("outcomes", "ids", "credentials"),
+    ("config",),
+    ("tool", "transport"),
+    ("telemetry",),
+    ("repair",),
+    ("retry",),
+    ("serve",),
+    ("inject", "demo"),
+    ("cli", "__main__"),
+)
+
+
+def layer_of(module: str) -> int:
+    """The layer of ``sidecar.<part>...``."""
+    part = module.split(".")[1]
+    return next(number for number, parts in enumerate(LAYERS) if part in parts)
+
+
+def test_imports_point_down_the_layers() -> None:
+    upward = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        if relative.parts[1:] in ((), ("__init__",)):
+            continue
+        here = layer_of(".".join(relative.parts))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sidecar."):
+                assert node.module is not None
+                if layer_of(node.module) > here:
+                    upward.append(f"{name(path)}:{node.lineno} imports {node.module}")
+    assert not upward, "imports that point up a layer:\n" + "\n".join(upward)

@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.outcomes import AttemptError
-from sidecar.retry.classify import Action, Reply, classify
-from sidecar.tool.envelopes import decoded_text, inspect, parse_failure
+from sidecar.retry.classify import Action, classify
+from sidecar.tool.envelopes import Reply, decoded_text, inspect, parse_failure
 
 RETRY_ON = frozenset({500, 502, 503, 504})
 

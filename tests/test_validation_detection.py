@@ -14,8 +14,8 @@ import pydantic
 import pytest
 from pydantic_core.core_schema import ErrorType
 
-from sidecar.retry.classify import Action, Reply, classify
-from sidecar.tool.envelopes import parse_failure
+from sidecar.retry.classify import Action, classify
+from sidecar.tool.envelopes import Reply, parse_failure
 from sidecar.tool.validation import FIXABLE_TYPES, LEFT_OUT_TYPES, Finding, find
 
 RETRY_ON = frozenset({500, 502, 503, 504})

@@ -1,10 +1,11 @@
-"""A small LRU cache whose entries also expire."""
+"""Where repair answers are kept: a small LRU of this process's whose entries expire, and
+the shape of a store shared with other replicas."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 Value = TypeVar("Value")
 
@@ -32,3 +33,10 @@ class TtlLru(Generic[Value]):
         self._entries.move_to_end(key)
         while len(self._entries) > self._max_entries:
             self._entries.popitem(last=False)
+
+
+class SharedAnswers(Protocol):
+    """A store of repair answers every replica of a route reads and writes (the fleet's)."""
+
+    async def cached(self, key: str) -> bytes | None: ...
+    async def cache(self, key: str, value: bytes, ttl_s: float) -> None: ...

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from sidecar.repair.cache import TtlLru
+from sidecar.repair.cache import SharedAnswers, TtlLru
 from sidecar.repair.llm_answer import LlmAnswer, Refused, check, refusal
 from sidecar.repair.llm_prompt import LlmRequest, opening, reask
 from sidecar.repair.redact import Redactor
@@ -37,8 +37,6 @@ from sidecar.telemetry import Hooks
 if TYPE_CHECKING:
     import openai
     from openai.types.chat import ChatCompletionMessageParam
-
-    from sidecar.retry.guards.fleet import RouteState
 
 _CACHE_ENTRIES = 1024
 _CACHE_TTL_S = 600.0
@@ -62,7 +60,7 @@ class LlmRepairer:
         *,
         max_concurrency: int,
         clock: Callable[[], float] = time.monotonic,
-        shared: Mapping[str, RouteState] | None = None,
+        shared: Mapping[str, SharedAnswers] | None = None,
     ) -> None:
         self._client = client
         self._model = model

@@ -17,8 +17,8 @@ from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.llm_prompt import LlmRequest
 from sidecar.repair.payload import Payload, fingerprint
 from sidecar.repair.schemas import SchemaStore
-from sidecar.retry.classify import Reply
 from sidecar.telemetry import Hooks
+from sidecar.tool.envelopes import Reply
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field, replace
 from sidecar.ids import idempotency_key
 from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
-from sidecar.retry.classify import Action, Reply, Verdict, classify
-from sidecar.tool.envelopes import inspect
+from sidecar.retry.classify import Action, Verdict, classify
+from sidecar.tool.envelopes import Reply, inspect
 from sidecar.transport.exchange import Answer, Malformed, UpstreamRequest
 
 

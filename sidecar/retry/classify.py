@@ -7,7 +7,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from sidecar.outcomes import AttemptError
-from sidecar.tool.envelopes import CATEGORY_STATUS, ToolFailure
+from sidecar.tool.envelopes import CATEGORY_STATUS, Reply, ToolFailure
 from sidecar.tool.validation import Finding, find
 
 
@@ -15,15 +15,6 @@ class Action(enum.Enum):
     DONE = "done"  # hand the answer to the agent
     RETRY = "retry"  # send the same payload again after a wait
     REPAIR = "repair"  # change the payload, then send it again
-
-
-@dataclass(frozen=True, slots=True)
-class Reply:
-    """What one attempt brought back, as far as deciding needs it."""
-
-    status: int
-    failure: ToolFailure | None = None
-    text: str = ""  # the start of the (decoded) body, for plain-text validation errors
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,15 @@ class ToolFailure:
     parameter_adjustments: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """What one attempt brought back, as far as deciding needs it."""
+
+    status: int
+    failure: ToolFailure | None = None
+    text: str = ""  # the start of the (decoded) body, for plain-text validation errors
+
+
 def decoded_text(body: bytes, content_encoding: str | None) -> bytes | None:
     """The body as the tool meant it: inflated when gzip, deflate, br or zstd (at most
     ``MAX_INFLATED_BYTES`` of it), ``None`` if it won't inflate."""
