@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 
 from sidecar.config.settings import RouteSpec, Settings
 from sidecar.inject.pod import ADMIN_PORT_NAME, CONFIG_DIR, CONFIG_KEY, INJECTED_LABEL
-from sidecar.telemetry.observe import Metrics
+from sidecar.telemetry.metric_definitions import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 METRIC = re.compile(r"\b(?:sidecar|process)_[a-z_]+")

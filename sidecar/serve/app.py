@@ -24,7 +24,8 @@ from sidecar.retry.guards.fleet import StateStore
 from sidecar.serve.proxy import Proxy, ProxyServer
 from sidecar.serve.routing import RouteTable
 from sidecar.telemetry import Hooks, build_hooks
-from sidecar.telemetry.observe import Metrics, http_server_logger
+from sidecar.telemetry.logging_setup import http_server_logger
+from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.transport.upstream import create_pool
 
 if TYPE_CHECKING:

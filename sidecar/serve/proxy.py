@@ -23,7 +23,7 @@ from sidecar.retry.policy import GAVE_UP, Outcome
 from sidecar.serve.relay import relay
 from sidecar.serve.routing import RouteTable, Target, has_dot_segment
 from sidecar.telemetry import Hooks
-from sidecar.telemetry.observe import UNMATCHED_ROUTE
+from sidecar.telemetry.contract import UNMATCHED_ROUTE
 from sidecar.transport.upstream import (
     UpstreamRequest,
     read_deadline,

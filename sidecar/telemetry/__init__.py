@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 
 from sidecar.telemetry.contract import Hooks, RequestState, Sink
 from sidecar.telemetry.logs import LogSink
+from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.telemetry.metrics import MetricsSink
-from sidecar.telemetry.observe import Metrics
 from sidecar.telemetry.otel import tracer_provider, tracing_exporters
 
 __all__ = ["Hooks", "RequestState", "Sink", "build_hooks"]

@@ -17,6 +17,9 @@ from typing import Any, TypeVar
 from sidecar.retry.policy import Wait
 from sidecar.tool.envelopes import ToolFailure
 
+# The route a request is recorded under when no route matched its path.
+UNMATCHED_ROUTE = "(none)"
+
 # Every stage a sink may implement, as a method ``stage(self, state) -> None``.
 STAGES = (
     "request_received",

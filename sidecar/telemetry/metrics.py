@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from sidecar.telemetry.contract import RequestState, Sink
-from sidecar.telemetry.observe import Metrics, method_label
+from sidecar.telemetry.metric_definitions import Metrics, method_label
 
 
 class _Children:

@@ -19,7 +19,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from sidecar import __version__
 from sidecar.telemetry.contract import RequestState, Sink
-from sidecar.telemetry.observe import KNOWN_METHODS
+from sidecar.telemetry.metric_definitions import KNOWN_METHODS
 
 _SERVER = "trace.server"
 _ATTEMPT = "trace.attempt"  # the last attempt's span and when it ended, until its reason is known
