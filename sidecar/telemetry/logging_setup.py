@@ -2,7 +2,7 @@
 credentials masked), the level gate for libraries, and the logger the HTTP server reports
 through.
 
-What each stage of a request logs is the log sink's business (``telemetry.logs``).
+What each event of a request logs is the log sink's business (``telemetry.logs``).
 """
 
 from __future__ import annotations

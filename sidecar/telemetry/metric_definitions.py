@@ -1,7 +1,7 @@
 """The Prometheus metrics of the contract: their names, help, labels and buckets, and the
 bounded label values they take.
 
-Which stage moves which metric is the metrics sink's business (``telemetry.metrics``).
+Which event moves which metric is the metrics sink's business (``telemetry.metrics``).
 """
 
 from __future__ import annotations
