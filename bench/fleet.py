@@ -45,7 +45,7 @@ from sidecar.config import load_settings
 from sidecar.repair.llm import LlmAnswer
 from sidecar.retry.guards.fleet import StateStore
 from sidecar.telemetry import build_hooks
-from sidecar.telemetry.observe import Metrics
+from sidecar.telemetry.metric_definitions import Metrics
 from tests.processes import RunningSidecar, sidecar_process
 from tests.redis_store import RedisServer
 

@@ -16,7 +16,7 @@ from sidecar import __version__
 from sidecar.config import ConfigError, Settings, load_settings, masked, unknown_variables
 from sidecar.inject import args as inject_args
 from sidecar.serve.server import StartupError, serve
-from sidecar.telemetry.observe import configure_logging
+from sidecar.telemetry.logging_setup import configure_logging
 from sidecar.telemetry.otel import tracing_exporters
 
 # Bad configuration, or a start that cannot succeed as configured (a port in use).

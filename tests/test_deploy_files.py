@@ -14,7 +14,7 @@ from sidecar.config import RouteSpec, Settings
 from sidecar.inject.args import CONFIG_KEY
 from sidecar.inject.container import ADMIN_PORT_NAME, CONFIG_DIR
 from sidecar.inject.pod import INJECTED_LABEL
-from sidecar.telemetry.observe import Metrics
+from sidecar.telemetry.metric_definitions import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 METRIC = re.compile(r"\b(?:sidecar|process)_[a-z_]+")

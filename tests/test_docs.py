@@ -27,7 +27,7 @@ from sidecar.config import (
     load_settings,
     resolve_routes,
 )
-from sidecar.telemetry.observe import Metrics
+from sidecar.telemetry.metric_definitions import Metrics
 from tests.conftest import unused_port
 
 ROOT = Path(__file__).parent.parent

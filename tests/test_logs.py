@@ -19,7 +19,7 @@ from structlog.testing import capture_logs
 from sidecar.credentials import mask_credentials
 from sidecar.telemetry import build_hooks
 from sidecar.telemetry.logs import CIRCUIT_REFUSALS_INTERVAL_S
-from sidecar.telemetry.observe import Metrics
+from sidecar.telemetry.metric_definitions import Metrics
 from tests.conftest import FakeClock, completion, scripted, unused_port
 from tests.processes import clean_env, sidecar_process
 
@@ -64,7 +64,7 @@ def test_credentials_in_text_are_masked(text: str, masked: str):
 LOG_SCRIPT = """
 import logging, sys, warnings
 import structlog
-from sidecar.telemetry.observe import configure_logging
+from sidecar.telemetry.logging_setup import configure_logging
 
 configure_logging(sys.argv[1], "json")
 url = "http://agent:{password}@llm.local/v1?api-key={key}"

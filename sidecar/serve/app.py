@@ -25,7 +25,8 @@ from sidecar.serve.httpserver import ProxyServer
 from sidecar.serve.proxy import Proxy
 from sidecar.serve.routing import RouteTable
 from sidecar.telemetry import Hooks, build_hooks
-from sidecar.telemetry.observe import Metrics, http_server_logger
+from sidecar.telemetry.logging_setup import http_server_logger
+from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.transport.exchange import create_pool
 
 if TYPE_CHECKING:

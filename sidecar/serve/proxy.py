@@ -23,7 +23,7 @@ from sidecar.serve import answers
 from sidecar.serve.relay import relay
 from sidecar.serve.routing import RouteTable, Target, has_dot_segment
 from sidecar.telemetry import Hooks
-from sidecar.telemetry.observe import UNMATCHED_ROUTE
+from sidecar.telemetry.contract import UNMATCHED_ROUTE
 from sidecar.transport.connection import RequestBody
 from sidecar.transport.exchange import UpstreamRequest, read_deadline
 from sidecar.transport.headers import undeliverable_header, upstream_request_headers

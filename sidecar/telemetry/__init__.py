@@ -1,7 +1,8 @@
-"""What each stage of a request records, and where: the one place sinks are registered.
+"""What each event of a request records, and where: the one place sinks are registered.
 
-A new sink is a module with a ``Sink`` subclass (a method per stage it records, see
-``contract.STAGES``) and one line in ``build_hooks``.
+A new sink is a module with a ``Sink`` subclass (a method per event it records, named as
+the event: see ``events.ALL_EVENTS``) and one line in ``build_hooks``; its methods are
+checked when ``Hooks`` registers it.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
-from sidecar.telemetry.contract import Hooks, RequestState, Sink
+from sidecar.telemetry.contract import Hooks, Sink
 from sidecar.telemetry.logs import LogSink
+from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.telemetry.metrics import MetricsSink
-from sidecar.telemetry.observe import Metrics
 from sidecar.telemetry.otel import tracer_provider, tracing_exporters
 
-__all__ = ["Hooks", "RequestState", "Sink", "build_hooks"]
+__all__ = ["Hooks", "Sink", "build_hooks"]
 
 
 def build_hooks(
@@ -29,7 +30,7 @@ def build_hooks(
 ) -> Hooks:
     """The app's hooks: traces when ``OTEL_*`` asks for them, then metrics, then logs.
 
-    Traces come first so the metrics of a stage can carry its span's ids as exemplars.
+    Traces come first so the metrics of an event can carry its span's ids as exemplars.
     """
     sinks: list[Sink] = []
     exporters = tracing_exporters(environ)

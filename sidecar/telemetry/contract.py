@@ -1,99 +1,58 @@
-"""The stages of a request, and the one object each stage hands to every sink.
+"""The contract between the pipeline and the sinks: ``Hooks``, the methods the pipeline
+calls, and ``Sink``, what records the events those calls make.
 
-The pipeline calls one ``Hooks`` method per stage. The method writes that stage's facts
-onto the request's ``RequestState`` and passes the state to each sink that has a method
-of the stage's name, in the order the sinks were registered (as structlog passes an event
-through its processors). A sink reads what it needs and keeps its own per-request data in
-``state.scratch``; nothing a sink does changes what the pipeline decides.
+Each ``Hooks`` method makes one event (``telemetry.events``) and hands it to every sink
+with a method of the event's name, in the order the sinks were registered (as structlog
+passes an event through its processors). A sink's methods are checked when it is
+registered: a public method that names no event, or takes another event than its name
+says, is an error at start-up, not a record silently never made. Nothing a sink does
+changes what the pipeline decides.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from dataclasses import replace
+from typing import Any, TypeVar, get_type_hints
 
 from sidecar.outcomes import Wait
+from sidecar.telemetry.events import (
+    ALL_EVENTS,
+    AttemptFinished,
+    AttemptStarted,
+    BudgetExhausted,
+    CircuitRefused,
+    CircuitState,
+    Event,
+    LlmReask,
+    LlmRequest,
+    PayloadRepaired,
+    RepairedRetry,
+    RepairFinished,
+    RepairRefused,
+    RepairResult,
+    RepairStarted,
+    Request,
+    RequestFinished,
+    RequestReceived,
+    RetryScheduled,
+    SchemaUnavailable,
+    SidecarOverloaded,
+    StateError,
+)
 from sidecar.tool.envelopes import ToolFailure
 
-# Every stage a sink may implement, as a method ``stage(self, state) -> None``.
-STAGES = (
-    "request_received",
-    "attempt_started",
-    "attempt_finished",
-    "retry_scheduled",
-    "repaired_retry",
-    "repair_started",
-    "payload_repaired",
-    "repair_result",
-    "repair_refused",
-    "repair_finished",
-    "llm_request",
-    "llm_reask",
-    "schema_unavailable",
-    "budget_exhausted",
-    "sidecar_overloaded",
-    "circuit_state",
-    "circuit_refused",
-    "request_finished",
-    "state_error",
-)
-
-
-@dataclass(slots=True)
-class LlmCall:
-    """One call to the repair LLM, as it ended."""
-
-    result: str  # ok, error, timeout or invalid
-    duration_s: float
-    input_tokens: int
-    output_tokens: int
-    failure: BaseException | None
-
-
-@dataclass(slots=True)
-class RequestState:
-    """One request as its stages unfold: what it is, and the facts of the stage now running.
-
-    Stage facts stay until the next stage of the same kind overwrites them (like tenacity's
-    ``RetryCallState``); a sink reads them only in the stage that set them.
-    """
-
-    route: str
-    method: str = ""
-    # The agent's request headers, for sinks that continue the agent's trace.
-    incoming: Mapping[str, str] | None = None
-    # The attempt: its number, status code or error kind, duration and envelope.
-    attempt: int = 0
-    label: str = ""
-    attempt_s: float = 0.0
-    failure: ToolFailure | None = None
-    # Why a retry follows, a repair was refused, or the sidecar had no room.
-    reason: str = ""
-    wait: Wait | None = None
-    # A repair: its layer, the fields it changed (names only) and its result.
-    layer: str = ""
-    changed: Sequence[str] = ()
-    result: str = ""
-    llm: LlmCall | None = None
-    circuit: int = 0
-    # How the request ended.
-    outcome: str = ""
-    status: int = 0
-    attempts: int = 0
-    trail: str = ""
-    duration_s: float = 0.0
-    matched: bool = True
-    # Labels a sink offers to link a measurement to (a sampled span's trace id).
-    exemplar: dict[str, str] | None = None
-    scratch: dict[str, Any] = field(default_factory=dict)
+# The route a request is recorded under when no route matched its path.
+UNMATCHED_ROUTE = "(none)"
 
 
 class Sink:
-    """Something that records stages: define a method per stage of interest (see STAGES).
-
-    ``flush`` and ``close`` run off the event loop (they may block on exporting).
+    """Something that records events: one method per event of interest, named as the event
+    and taking it, e.g. ``def attempt_finished(self, event: AttemptFinished) -> None``.
+    Every other method is private (``_name``), ``flush`` and ``close`` aside; those two run
+    off the event loop (they may block on exporting).
     """
 
     def flush(self) -> None:
@@ -103,56 +62,79 @@ class Sink:
         return None
 
 
-# The state of the request the running task serves: the pipeline's deeper layers (repairs,
-# the LLM) report stages without carrying the state through their own signatures.
-_current: ContextVar[RequestState | None] = ContextVar("sidecar_request_state", default=None)
+_SINK_METHODS = frozenset(name for name in vars(Sink) if not name.startswith("_"))
+
+
+def _handlers_of(sink: Sink) -> dict[type[Event], Callable[[Any], object]]:
+    """The sink's method for each event it records, checked against ``ALL_EVENTS``.
+
+    Raises ``TypeError`` for a public method that names no event (a misspelling would
+    otherwise never be called) or whose one parameter is not its event's class.
+    """
+    found: dict[type[Event], Callable[[Any], object]] = {}
+    kind = type(sink)
+    for name in dir(kind):
+        method = getattr(kind, name)
+        if name.startswith("_") or name in _SINK_METHODS or not callable(method):
+            continue
+        event = ALL_EVENTS.get(name)
+        if event is None:
+            raise TypeError(
+                f"{kind.__qualname__}.{name} names no telemetry event (a sink's public "
+                f"methods are its events: {', '.join(sorted(ALL_EVENTS))})"
+            )
+        parameters = list(inspect.signature(method).parameters)[1:]
+        if len(parameters) != 1 or get_type_hints(method).get(parameters[0]) != event:
+            raise TypeError(
+                f"{kind.__qualname__}.{name} must take one {event.__name__} and nothing else"
+            )
+        found[event] = getattr(sink, name)
+    return found
+
+
+# The running task's request: the pipeline's deeper layers (repairs, the LLM) report events
+# without carrying the request through their own signatures.
+_current: ContextVar[Request | None] = ContextVar("sidecar_request", default=None)
 
 _Request = TypeVar("_Request")
 
 
 class Hooks:
-    """The stage-by-stage contract between the pipeline and its sinks. One per app."""
+    """The pipeline's side of the contract, one method per event. One per app."""
 
     def __init__(self, sinks: Sequence[Sink]) -> None:
         self.sinks = tuple(sinks)
-        self._by_stage: dict[str, tuple[Callable[[RequestState], Any], ...]] = {
-            stage: tuple(
-                getattr(sink, stage) for sink in self.sinks if callable(getattr(sink, stage, None))
-            )
-            for stage in STAGES
+        checked = [_handlers_of(sink) for sink in self.sinks]
+        self._handlers: dict[type[Event], tuple[Callable[[Any], object], ...]] = {
+            event: tuple(found[event] for found in checked if event in found)
+            for event in ALL_EVENTS.values()
         }
 
-    def _emit(self, stage: str, state: RequestState) -> None:
-        for record in self._by_stage[stage]:
-            record(state)
-
-    def _state(self, route: str | None) -> RequestState:
-        """The running request's state, or a detached one for a stage outside any request."""
-        state = _current.get()
-        if state is None or state.route != route:
-            return RequestState(route or "")
-        return state
+    def _emit(self, event: Event) -> None:
+        for handle in self._handlers[type(event)]:
+            handle(event)
 
     def request_received(
         self, route: str, method: str, headers: Mapping[str, str] | None = None
     ) -> None:
         """A request was matched to ``route``: it is now in flight."""
-        state = RequestState(route, method, headers)
-        _current.set(state)
-        self._emit("request_received", state)
+        request = Request(route, method)
+        _current.set(request)
+        self._emit(RequestReceived(route, method, headers, request))
 
     def attempt_started(self, attempt: int, request: _Request) -> _Request:
-        """Attempt ``attempt`` is about to be sent: ``request`` as it must go upstream.
-
-        A sink may set headers on the attempt (``state.scratch["upstream_headers"]``), such
-        as its trace context; with none, the request goes exactly as given.
+        """Attempt ``attempt`` is about to be sent: ``request`` as it must go upstream,
+        with the headers a sink asked for (its trace context); with none, exactly as given.
         """
-        state = self._state(_current_route())
-        state.attempt = attempt
-        self._emit("attempt_started", state)
-        headers = state.scratch.pop("upstream_headers", None)
+        current = _current.get()
+        if current is not None:
+            current.attempt = attempt
+        self._emit(AttemptStarted(attempt, current))
+        headers = current.upstream_headers if current is not None else None
         if not headers:
             return request
+        assert current is not None
+        current.upstream_headers = None
         merged = request.headers.copy()  # type: ignore[attr-defined]
         for name, value in headers.items():
             merged[name] = value
@@ -167,10 +149,8 @@ class Hooks:
         failure: ToolFailure | None,
     ) -> None:
         """One upstream attempt ended; ``label`` is its status code or its error kind."""
-        state = self._state(route)
-        state.attempt, state.label, state.attempt_s = attempt, label, duration_s
-        state.failure = failure
-        self._emit("attempt_finished", state)
+        request = _attempt_of(route, attempt)
+        self._emit(AttemptFinished(route, attempt, label, duration_s, failure, request))
 
     def retry_scheduled(
         self,
@@ -182,44 +162,34 @@ class Hooks:
         failure: ToolFailure | None,
     ) -> None:
         """A retry will follow attempt ``attempt`` after ``wait``."""
-        state = self._state(route)
-        state.attempt, state.label, state.reason, state.wait = attempt, label, reason, wait
-        state.failure = failure
-        self._emit("retry_scheduled", state)
+        request = _attempt_of(route, attempt)
+        self._emit(RetryScheduled(route, attempt, label, reason, wait, failure, request))
 
     def repaired_retry(self, route: str, attempt: int, label: str, layer: str) -> None:
         """A repaired payload will be sent right away after attempt ``attempt``."""
-        state = self._state(route)
-        state.attempt, state.label, state.layer, state.reason = attempt, label, layer, "repaired"
-        self._emit("repaired_retry", state)
+        request = _attempt_of(route, attempt)
+        self._emit(RepairedRetry(route, attempt, label, layer, request))
 
     def repair_started(self, route: str) -> None:
         """The repair layers are asked for a new payload after a failed attempt."""
-        self._emit("repair_started", self._state(route))
+        request = _of(route)
+        self._emit(RepairStarted(route, request.attempt if request else 0, request))
 
     def repair_finished(self, route: str, layer: str | None) -> None:
         """The repair layers answered: ``layer`` made a new payload, or (``None``) none did."""
-        state = self._state(route)
-        state.layer = layer or ""
-        self._emit("repair_finished", state)
+        self._emit(RepairFinished(route, layer or "", _of(route)))
 
     def payload_repaired(self, route: str, layer: str, fields: list[str]) -> None:
         """A layer changed these fields of the payload (their values are never recorded)."""
-        state = self._state(route)
-        state.layer, state.changed = layer, fields
-        self._emit("payload_repaired", state)
+        self._emit(PayloadRepaired(route, layer, fields, _of(route)))
 
     def repair_result(self, route: str, layer: str, result: str) -> None:
         """A layer's work ended: ``succeeded``/``failed`` (its payload's answer), ``declined``."""
-        state = self._state(route)
-        state.layer, state.result = layer, result
-        self._emit("repair_result", state)
+        self._emit(RepairResult(route, layer, result, _of(route)))
 
     def repair_refused(self, route: str, layer: str, why: str) -> None:
         """A layer's proposal broke a guardrail and was not sent."""
-        state = self._state(route)
-        state.layer, state.reason = layer, why
-        self._emit("repair_refused", state)
+        self._emit(RepairRefused(route, layer, why, _of(route)))
 
     def llm_request(
         self,
@@ -231,47 +201,40 @@ class Hooks:
         failure: BaseException | None = None,
     ) -> None:
         """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``."""
-        state = self._state(_current_route())
-        state.llm = LlmCall(result, duration_s, prompt_tokens, completion_tokens, failure)
-        self._emit("llm_request", state)
+        self._emit(
+            LlmRequest(
+                result, duration_s, prompt_tokens, completion_tokens, failure, _current.get()
+            )
+        )
 
     def llm_reask(self, route: str, reason: str) -> None:
         """The model's answer was refused for ``reason`` (a kind); it is asked again, told why."""
-        state = self._state(route)
-        state.layer, state.reason = "llm", reason
-        self._emit("llm_reask", state)
+        self._emit(LlmReask(route, reason))
 
     def schema_unavailable(self, route: str, reason: str) -> None:
         """A route's schema could not be loaded; the route runs without (or with the last)."""
-        state = RequestState(route, reason=reason)
-        self._emit("schema_unavailable", state)
+        self._emit(SchemaUnavailable(route, reason))
 
     def budget_exhausted(self, route: str) -> None:
         """A retry was refused: the route's retry budget is spent."""
-        self._emit("budget_exhausted", self._state(route))
+        self._emit(BudgetExhausted(route, _of(route)))
 
     def sidecar_overloaded(self, route: str | None, reason: str) -> None:
         """The sidecar itself had no room for a call: ``max_in_flight``, ``pool_timeout``
         (no free upstream connection) or ``fd_exhausted``."""
-        state = self._state(route)
-        state.reason = reason
-        self._emit("sidecar_overloaded", state)
+        self._emit(SidecarOverloaded(route or "", reason, _of(route)))
 
     def circuit_state(self, route: str, state_now: int) -> None:
         """The route's circuit breaker is in ``state_now`` (0 closed, 1 half-open, 2 open)."""
-        state = self._state(route)
-        state.circuit = state_now
-        self._emit("circuit_state", state)
+        self._emit(CircuitState(route, state_now))
 
     def circuit_refused(self, route: str) -> None:
         """The route's open circuit refused a request without trying the tool."""
-        self._emit("circuit_refused", self._state(route))
+        self._emit(CircuitRefused(route, _of(route)))
 
     def state_error(self, op: str, error: BaseException) -> None:
-        """A call to the fleet state store failed; the request went on with local state.
-        Not a stage of any request: its facts are ``op`` (``reason``) and the error's class
-        (``label``)."""
-        self._emit("state_error", RequestState("", reason=op, label=type(error).__name__))
+        """A call to the fleet state store failed; the request went on with local state."""
+        self._emit(StateError(op, error))
 
     def request_finished(
         self,
@@ -286,11 +249,12 @@ class Hooks:
         matched: bool = True,
     ) -> None:
         """The answer's headers went to the agent (or the agent went away)."""
-        state = self._state(route) if matched else RequestState(route, method)
-        state.method, state.outcome, state.status = method, outcome, status
-        state.attempts, state.duration_s, state.trail = attempts, duration_s, trail
-        state.matched = matched
-        self._emit("request_finished", state)
+        request = _of(route) if matched else None
+        self._emit(
+            RequestFinished(
+                route, method, outcome, status, attempts, duration_s, trail, matched, request
+            )
+        )
         if matched:
             _current.set(None)
 
@@ -305,6 +269,15 @@ class Hooks:
             sink.close()
 
 
-def _current_route() -> str | None:
-    state = _current.get()
-    return state.route if state is not None else None
+def _of(route: str | None) -> Request | None:
+    """The running request when it is ``route``'s; ``None`` outside one or for another."""
+    request = _current.get()
+    return request if request is not None and request.route == route else None
+
+
+def _attempt_of(route: str, attempt: int) -> Request | None:
+    """The running request, told its latest attempt, when it is ``route``'s."""
+    request = _of(route)
+    if request is not None:
+        request.attempt = attempt
+    return request

@@ -1,4 +1,4 @@
-"""The structlog lines each stage writes (field names are part of the contract)."""
+"""The structlog lines each event writes (field names are part of the contract)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,23 @@ from typing import Any
 import structlog
 
 from sidecar.outcomes import GAVE_UP, Outcome
-from sidecar.telemetry.contract import RequestState, Sink
+from sidecar.telemetry.contract import Sink
+from sidecar.telemetry.events import (
+    AttemptFinished,
+    CircuitRefused,
+    CircuitState,
+    LlmReask,
+    LlmRequest,
+    PayloadRepaired,
+    RepairedRetry,
+    RepairRefused,
+    RequestFinished,
+    RequestReceived,
+    RetryScheduled,
+    SchemaUnavailable,
+    SidecarOverloaded,
+    StateError,
+)
 from sidecar.tool.envelopes import ToolFailure
 
 # An open circuit refuses every request at once: one line per route per interval, with
@@ -49,7 +65,7 @@ class _Throttle:
 
 
 class LogSink(Sink):
-    """One structlog line per stage worth reading; repeated alarms are throttled."""
+    """One structlog line per event worth reading; repeated alarms are throttled."""
 
     def __init__(
         self, *, access_log: bool = False, clock: Callable[[], float] = time.monotonic
@@ -61,116 +77,116 @@ class LogSink(Sink):
         self._overloads = _Throttle(_OVERLOAD_LOG_INTERVAL_S)
         self._state_errors = _Throttle(_OVERLOAD_LOG_INTERVAL_S, clock)
 
-    def request_received(self, state: RequestState) -> None:
-        self.log.debug("request_received", route=state.route, method=state.method)
+    def request_received(self, event: RequestReceived) -> None:
+        self.log.debug("request_received", route=event.route, method=event.method)
 
-    def attempt_finished(self, state: RequestState) -> None:
-        status = _status_of(state.label)
-        outcome = {"status": status} if status else {"reason": state.label}
+    def attempt_finished(self, event: AttemptFinished) -> None:
+        status = _status_of(event.label)
+        outcome = {"status": status} if status else {"reason": event.label}
         self.log.debug(
             "upstream_attempt",
-            route=state.route,
-            attempt=state.attempt,
-            duration_ms=round(state.attempt_s * 1000, 1),
+            route=event.route,
+            attempt=event.attempt,
+            duration_ms=round(event.duration_s * 1000, 1),
             **outcome,
-            **_failure_fields(state.failure),
+            **_failure_fields(event.failure),
         )
 
-    def retry_scheduled(self, state: RequestState) -> None:
-        assert state.wait is not None
+    def retry_scheduled(self, event: RetryScheduled) -> None:
         self.log.info(
             "retry_scheduled",
-            route=state.route,
-            attempt=state.attempt,
-            status=_status_of(state.label),
-            reason=state.reason,
-            delay_ms=round(state.wait.seconds * 1000),
-            wait_source=state.wait.source,
-            **_failure_fields(state.failure),
+            route=event.route,
+            attempt=event.attempt,
+            status=_status_of(event.label),
+            reason=event.reason,
+            delay_ms=round(event.wait.seconds * 1000),
+            wait_source=event.wait.source,
+            **_failure_fields(event.failure),
         )
 
-    def repaired_retry(self, state: RequestState) -> None:
+    def repaired_retry(self, event: RepairedRetry) -> None:
         self.log.info(
             "retry_scheduled",
-            route=state.route,
-            attempt=state.attempt,
-            status=_status_of(state.label),
+            route=event.route,
+            attempt=event.attempt,
+            status=_status_of(event.label),
             reason="repaired",
-            layer=state.layer,
+            layer=event.layer,
             delay_ms=0,
         )
 
-    def payload_repaired(self, state: RequestState) -> None:
+    def payload_repaired(self, event: PayloadRepaired) -> None:
         self.log.info(
-            "payload_repaired", route=state.route, layer=state.layer, fields=state.changed[:50]
+            "payload_repaired", route=event.route, layer=event.layer, fields=event.fields[:50]
         )
 
-    def repair_refused(self, state: RequestState) -> None:
-        self.log.info("repair_refused", route=state.route, layer=state.layer, reason=state.reason)
+    def repair_refused(self, event: RepairRefused) -> None:
+        self.log.info("repair_refused", route=event.route, layer=event.layer, reason=event.reason)
 
-    def llm_reask(self, state: RequestState) -> None:
-        self.log.info("llm_reask", route=state.route, reason=state.reason)
+    def llm_reask(self, event: LlmReask) -> None:
+        self.log.info("llm_reask", route=event.route, reason=event.reason)
 
-    def llm_request(self, state: RequestState) -> None:
+    def llm_request(self, event: LlmRequest) -> None:
         """A call that failed is logged with its error's class and the HTTP status it carries."""
-        call = state.llm
-        assert call is not None
-        if call.result != "ok":
+        if event.result != "ok":
             self.log.warning(
-                "llm_request_failed", result=call.result, **_llm_failure_fields(call.failure)
+                "llm_request_failed", result=event.result, **_llm_failure_fields(event.failure)
             )
 
-    def schema_unavailable(self, state: RequestState) -> None:
-        self.log.warning("schema_unavailable", route=state.route, reason=state.reason)
+    def schema_unavailable(self, event: SchemaUnavailable) -> None:
+        self.log.warning("schema_unavailable", route=event.route, reason=event.reason)
 
-    def sidecar_overloaded(self, state: RequestState) -> None:
+    def sidecar_overloaded(self, event: SidecarOverloaded) -> None:
         """Logged once per interval."""
         count = self._overloads.count()
         if count:
             self.log.error(
-                "sidecar_overloaded", route=state.route or None, reason=state.reason, count=count
+                "sidecar_overloaded", route=event.route or None, reason=event.reason, count=count
             )
 
-    def state_error(self, state: RequestState) -> None:
+    def state_error(self, event: StateError) -> None:
         """Logged once per interval, with the number of failed store calls since."""
         count = self._state_errors.count()
         if count:
             self.log.warning(
-                "state_store_unavailable", op=state.reason, error=state.label, count=count
+                "state_store_unavailable",
+                op=event.op,
+                error=type(event.error).__name__,
+                count=count,
             )
 
-    def circuit_state(self, state: RequestState) -> None:
+    def circuit_state(self, event: CircuitState) -> None:
         """Once the circuit closes, the refusals not yet logged are (half-open, it still
         refuses)."""
-        refusals = self._refusals.get(state.route)
-        if state.circuit == _CIRCUIT_CLOSED and refusals is not None:
-            self._log_refusals(state.route, refusals.flush())
+        refusals = self._refusals.get(event.route)
+        if event.state == _CIRCUIT_CLOSED and refusals is not None:
+            self._log_refusals(event.route, refusals.flush())
 
-    def circuit_refused(self, state: RequestState) -> None:
+    def circuit_refused(self, event: CircuitRefused) -> None:
         """One ``circuit_refusals`` line with the number refused since the route's previous
         line: at once for the first, then at most every ``CIRCUIT_REFUSALS_INTERVAL_S``.
         Each request is still counted in ``sidecar_requests_total``."""
-        refusals = self._refusals.get(state.route)
+        refusals = self._refusals.get(event.route)
         if refusals is None:
-            refusals = self._refusals[state.route] = _Throttle(
+            refusals = self._refusals[event.route] = _Throttle(
                 CIRCUIT_REFUSALS_INTERVAL_S, self._clock
             )
-        self._log_refusals(state.route, refusals.count())
+        self._log_refusals(event.route, refusals.count())
 
     def _log_refusals(self, route: str, count: int) -> None:
         if count:
             self.log.warning("circuit_refusals", route=route, count=count)
 
-    def request_finished(self, state: RequestState) -> None:
+    def request_finished(self, event: RequestFinished) -> None:
         fields = {
-            "route": state.route,
-            "method": state.method,
-            "outcome": state.outcome,
-            "status": state.status,
-            "attempt": state.attempts,
-            "duration_ms": round(state.duration_s * 1000, 1),
+            "route": event.route,
+            "method": event.method,
+            "outcome": event.outcome,
+            "status": event.status,
+            "attempt": event.attempts,
+            "duration_ms": round(event.duration_s * 1000, 1),
         }
-        attempts, outcome, trail = state.attempts, state.outcome, state.trail
+        attempts, outcome, trail = event.attempts, event.outcome, event.trail
         # A request that was never tried (a refusal) did not try to recover either.
         tried_to_recover = attempts > 1 or trail.endswith("repair=none")
         if outcome == "recovered":

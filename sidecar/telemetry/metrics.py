@@ -1,11 +1,26 @@
-"""The contract's metrics, from the stages that move them."""
+"""The contract's metrics, from the events that move them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sidecar.telemetry.contract import RequestState, Sink
-from sidecar.telemetry.observe import Metrics, method_label
+from sidecar.telemetry.contract import Sink
+from sidecar.telemetry.events import (
+    AttemptFinished,
+    BudgetExhausted,
+    CircuitState,
+    LlmReask,
+    LlmRequest,
+    RepairedRetry,
+    RepairRefused,
+    RepairResult,
+    Request,
+    RequestFinished,
+    RequestReceived,
+    RetryScheduled,
+    StateError,
+)
+from sidecar.telemetry.metric_definitions import Metrics, method_label
 
 
 class _Children:
@@ -24,67 +39,69 @@ class _Children:
 
 
 class MetricsSink(Sink):
-    """Counts and times each stage on the app's ``Metrics``; the two duration histograms
-    carry ``state.exemplar`` (a sampled span's ids) when a sink before this one set it."""
+    """Counts and times each event on the app's ``Metrics``; the two duration histograms
+    carry the request's ``exemplar`` (a sampled span's ids) when a sink before this one
+    set it."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
         self._child = _Children()
 
-    def request_received(self, state: RequestState) -> None:
-        self._child(self.metrics.in_flight, state.route).inc()
+    def request_received(self, event: RequestReceived) -> None:
+        self._child(self.metrics.in_flight, event.route).inc()
 
-    def attempt_finished(self, state: RequestState) -> None:
-        status_label = state.label if state.label.isdigit() else "error"
-        self._child(self.metrics.upstream_attempts, state.route, status_label).inc()
-        self._child(self.metrics.upstream_duration, state.route).observe(
-            state.attempt_s, state.exemplar
+    def attempt_finished(self, event: AttemptFinished) -> None:
+        status_label = event.label if event.label.isdigit() else "error"
+        self._child(self.metrics.upstream_attempts, event.route, status_label).inc()
+        self._child(self.metrics.upstream_duration, event.route).observe(
+            event.duration_s, _exemplar(event.request)
         )
 
-    def retry_scheduled(self, state: RequestState) -> None:
-        assert state.wait is not None
-        self._child(self.metrics.retries, state.route, state.reason).inc()
-        self._child(self.metrics.retry_wait, state.route, state.wait.source).observe(
-            state.wait.seconds
+    def retry_scheduled(self, event: RetryScheduled) -> None:
+        self._child(self.metrics.retries, event.route, event.reason).inc()
+        self._child(self.metrics.retry_wait, event.route, event.wait.source).observe(
+            event.wait.seconds
         )
 
-    def repaired_retry(self, state: RequestState) -> None:
-        self._child(self.metrics.retries, state.route, "repaired").inc()
-        self._child(self.metrics.repairs, state.route, state.layer, "applied").inc()
+    def repaired_retry(self, event: RepairedRetry) -> None:
+        self._child(self.metrics.retries, event.route, "repaired").inc()
+        self._child(self.metrics.repairs, event.route, event.layer, "applied").inc()
 
-    def repair_result(self, state: RequestState) -> None:
-        self._child(self.metrics.repairs, state.route, state.layer, state.result).inc()
+    def repair_result(self, event: RepairResult) -> None:
+        self._child(self.metrics.repairs, event.route, event.layer, event.result).inc()
 
-    def repair_refused(self, state: RequestState) -> None:
-        self._child(self.metrics.repairs, state.route, state.layer, "failed").inc()
+    def repair_refused(self, event: RepairRefused) -> None:
+        self._child(self.metrics.repairs, event.route, event.layer, "failed").inc()
 
-    def llm_reask(self, state: RequestState) -> None:
-        self._child(self.metrics.repairs, state.route, "llm", "reasked").inc()
+    def llm_reask(self, event: LlmReask) -> None:
+        self._child(self.metrics.repairs, event.route, "llm", "reasked").inc()
 
-    def llm_request(self, state: RequestState) -> None:
-        call = state.llm
-        assert call is not None
-        self._child(self.metrics.llm_requests, call.result).inc()
-        self.metrics.llm_duration.observe(call.duration_s)
-        if call.input_tokens:
-            self._child(self.metrics.llm_tokens, "prompt").inc(call.input_tokens)
-        if call.output_tokens:
-            self._child(self.metrics.llm_tokens, "completion").inc(call.output_tokens)
+    def llm_request(self, event: LlmRequest) -> None:
+        self._child(self.metrics.llm_requests, event.result).inc()
+        self.metrics.llm_duration.observe(event.duration_s)
+        if event.input_tokens:
+            self._child(self.metrics.llm_tokens, "prompt").inc(event.input_tokens)
+        if event.output_tokens:
+            self._child(self.metrics.llm_tokens, "completion").inc(event.output_tokens)
 
-    def budget_exhausted(self, state: RequestState) -> None:
-        self._child(self.metrics.budget_exhausted, state.route).inc()
+    def budget_exhausted(self, event: BudgetExhausted) -> None:
+        self._child(self.metrics.budget_exhausted, event.route).inc()
 
-    def state_error(self, state: RequestState) -> None:
-        self._child(self.metrics.state_errors, state.reason).inc()
+    def state_error(self, event: StateError) -> None:
+        self._child(self.metrics.state_errors, event.op).inc()
 
-    def circuit_state(self, state: RequestState) -> None:
-        self._child(self.metrics.circuit_state, state.route).set(state.circuit)
+    def circuit_state(self, event: CircuitState) -> None:
+        self._child(self.metrics.circuit_state, event.route).set(event.state)
 
-    def request_finished(self, state: RequestState) -> None:
-        if state.matched:
-            self._child(self.metrics.in_flight, state.route).dec()
-        method = method_label(state.method)
-        self._child(self.metrics.requests, state.route, method, state.outcome).inc()
-        self._child(self.metrics.request_duration, state.route, state.outcome).observe(
-            state.duration_s, state.exemplar
+    def request_finished(self, event: RequestFinished) -> None:
+        if event.matched:
+            self._child(self.metrics.in_flight, event.route).dec()
+        method = method_label(event.method)
+        self._child(self.metrics.requests, event.route, method, event.outcome).inc()
+        self._child(self.metrics.request_duration, event.route, event.outcome).observe(
+            event.duration_s, _exemplar(event.request)
         )
+
+
+def _exemplar(request: Request | None) -> dict[str, str] | None:
+    return request.exemplar if request is not None else None

@@ -10,6 +10,7 @@ a URL.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from opentelemetry import trace
@@ -18,17 +19,42 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from sidecar import __version__
-from sidecar.telemetry.contract import RequestState, Sink
-from sidecar.telemetry.observe import KNOWN_METHODS
+from sidecar.telemetry.contract import Sink
+from sidecar.telemetry.events import (
+    AttemptFinished,
+    AttemptStarted,
+    BudgetExhausted,
+    CircuitRefused,
+    LlmRequest,
+    PayloadRepaired,
+    RepairedRetry,
+    RepairFinished,
+    RepairRefused,
+    RepairResult,
+    RepairStarted,
+    Request,
+    RequestFinished,
+    RequestReceived,
+    RetryScheduled,
+    SidecarOverloaded,
+)
+from sidecar.telemetry.metric_definitions import KNOWN_METHODS
 
-_SERVER = "trace.server"
-_ATTEMPT = "trace.attempt"  # the last attempt's span and when it ended, until its reason is known
-_REPAIR = "trace.repair"
-_FEEDBACK = "trace.feedback"  # a repair after a failed attempt awaits its payload's answer
+
+@dataclass(slots=True, eq=False)
+class _Spans:
+    """A request's open spans, kept on its ``Request`` from its first event to its last."""
+
+    server: Span
+    # The last attempt's span and when it ended, until what followed it is known.
+    attempt: tuple[Span, int | None] | None = None
+    repair: Span | None = None
+    # A repair after a failed attempt awaits its payload's answer.
+    feedback: bool = False
 
 
 class TraceSink(Sink):
-    """Spans and span events for every stage of a request."""
+    """Spans and span events for every event of a request."""
 
     def __init__(self, provider: TracerProvider, llm_model: str) -> None:
         self._provider = provider
@@ -42,49 +68,51 @@ class TraceSink(Sink):
     def close(self) -> None:
         self._provider.shutdown()
 
-    def request_received(self, state: RequestState) -> None:
-        parent = self._propagator.extract(state.incoming) if state.incoming is not None else None
-        method = _method(state.method)
-        state.scratch[_SERVER] = self._tracer.start_span(
-            f"{method} {state.route}",
+    def request_received(self, event: RequestReceived) -> None:
+        parent = self._propagator.extract(event.headers) if event.headers is not None else None
+        method = _method(event.method)
+        server = self._tracer.start_span(
+            f"{method} {event.route}",
             context=parent,
             kind=SpanKind.SERVER,
             attributes={
                 "http.request.method": method,
-                "http.route": state.route,
-                "sidecar.route": state.route,
+                "http.route": event.route,
+                "sidecar.route": event.route,
             },
         )
-        state.incoming = None
+        event.request.spans = _Spans(server)
 
-    def attempt_started(self, state: RequestState) -> None:
-        server = state.scratch.get(_SERVER)
-        if server is None:
+    def attempt_started(self, event: AttemptStarted) -> None:
+        request = event.request
+        spans = _spans(request)
+        if request is None or spans is None:
             return
-        self._end_attempt(state)
+        _end_attempt(spans)
         attributes: dict[str, Any] = {
-            "http.request.method": _method(state.method),
-            "sidecar.attempt": state.attempt,
+            "http.request.method": _method(request.method),
+            "sidecar.attempt": event.attempt,
         }
-        if state.attempt > 1:
-            attributes["http.request.resend_count"] = state.attempt - 1
+        if event.attempt > 1:
+            attributes["http.request.resend_count"] = event.attempt - 1
         span = self._tracer.start_span(
-            _method(state.method),
-            context=trace.set_span_in_context(server),
+            _method(request.method),
+            context=trace.set_span_in_context(spans.server),
             kind=SpanKind.CLIENT,
             attributes=attributes,
         )
-        state.scratch[_ATTEMPT] = (span, None)
+        spans.attempt = (span, None)
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, context=trace.set_span_in_context(span))
-        state.scratch["upstream_headers"] = carrier
+        request.upstream_headers = carrier
 
-    def attempt_finished(self, state: RequestState) -> None:
-        pending = state.scratch.get(_ATTEMPT)
-        if pending is None:
+    def attempt_finished(self, event: AttemptFinished) -> None:
+        request = event.request
+        spans = _spans(request)
+        if request is None or spans is None or spans.attempt is None:
             return
-        span = pending[0]
-        label = state.label
+        span = spans.attempt[0]
+        label = event.label
         if label.isdigit():
             span.set_attribute("http.response.status_code", int(label))
             if int(label) >= 400:
@@ -93,173 +121,191 @@ class TraceSink(Sink):
         else:
             span.set_attribute("error.type", label)
             span.set_status(Status(StatusCode.ERROR))
-        if state.failure is not None:
+        if event.failure is not None:
             for name, value in (
-                ("sidecar.error_code", state.failure.code),
-                ("sidecar.error_category", state.failure.category),
+                ("sidecar.error_code", event.failure.code),
+                ("sidecar.error_category", event.failure.category),
             ):
                 if value:
                     span.set_attribute(name, value)
-        state.scratch[_ATTEMPT] = (span, time.time_ns())
-        state.exemplar = _exemplar(span)
+        spans.attempt = (span, time.time_ns())
+        request.exemplar = _exemplar(span)
 
-    def retry_scheduled(self, state: RequestState) -> None:
-        assert state.wait is not None
-        self._end_attempt(state, state.reason)
-        self._event(
-            state,
+    def retry_scheduled(self, event: RetryScheduled) -> None:
+        spans = _spans(event.request)
+        if spans is None:
+            return
+        _end_attempt(spans, event.reason)
+        spans.server.add_event(
             "retry.wait",
             {
-                "sidecar.attempt": state.attempt,
-                "sidecar.wait.source": state.wait.source,
-                "sidecar.wait.seconds": state.wait.seconds,
+                "sidecar.attempt": event.attempt,
+                "sidecar.wait.source": event.wait.source,
+                "sidecar.wait.seconds": event.wait.seconds,
             },
         )
 
-    def repaired_retry(self, state: RequestState) -> None:
-        self._end_attempt(state, "repaired", state.layer)
+    def repaired_retry(self, event: RepairedRetry) -> None:
+        spans = _spans(event.request)
+        if spans is not None:
+            _end_attempt(spans, "repaired", event.layer)
 
-    def repair_started(self, state: RequestState) -> None:
-        server = state.scratch.get(_SERVER)
-        if server is None:
+    def repair_started(self, event: RepairStarted) -> None:
+        spans = _spans(event.request)
+        if spans is None:
             return
-        span = self._tracer.start_span("repair", context=trace.set_span_in_context(server))
-        span.add_event("validation_feedback.started", {"sidecar.attempt": state.attempt})
-        state.scratch[_REPAIR] = span
-        state.scratch[_FEEDBACK] = True
+        span = self._tracer.start_span("repair", context=trace.set_span_in_context(spans.server))
+        span.add_event("validation_feedback.started", {"sidecar.attempt": event.attempt})
+        spans.repair = span
+        spans.feedback = True
 
-    def payload_repaired(self, state: RequestState) -> None:
+    def payload_repaired(self, event: PayloadRepaired) -> None:
+        spans = _spans(event.request)
+        if spans is None:
+            return
         attributes = {
-            "sidecar.repair.layer": state.layer,
-            "sidecar.repair.fields": list(state.changed),
+            "sidecar.repair.layer": event.layer,
+            "sidecar.repair.fields": list(event.fields),
         }
-        span = state.scratch.get(_REPAIR)
+        span = spans.repair
         if span is None:
-            server = state.scratch.get(_SERVER)
-            if server is None:
-                return
             # Coercion before the first attempt: its own short span under the request.
             span = self._tracer.start_span(
-                f"repair {state.layer}", context=trace.set_span_in_context(server)
+                f"repair {event.layer}", context=trace.set_span_in_context(spans.server)
             )
             span.set_attributes(attributes)
-            _coercion_event(span, state)
+            _coercion_event(span, event)
             span.end()
             return
-        span.update_name(f"repair {state.layer}")
+        span.update_name(f"repair {event.layer}")
         span.set_attributes(attributes)
-        _coercion_event(span, state)
+        _coercion_event(span, event)
 
-    def repair_result(self, state: RequestState) -> None:
-        span = state.scratch.get(_REPAIR)
-        if span is not None:
-            span.set_attribute("sidecar.repair.result", state.result)
-        if state.result in ("succeeded", "failed") and state.scratch.pop(_FEEDBACK, False):
-            self._event(
-                state,
-                f"validation_feedback.{state.result}",
-                {"sidecar.repair.layer": state.layer},
-            )
-
-    def repair_refused(self, state: RequestState) -> None:
-        span = state.scratch.get(_REPAIR)
-        if span is not None:
-            span.set_attributes(
-                {"sidecar.repair.result": "refused", "sidecar.repair.refusal": state.reason}
-            )
-
-    def repair_finished(self, state: RequestState) -> None:
-        span = state.scratch.pop(_REPAIR, None)
-        if span is None:
+    def repair_result(self, event: RepairResult) -> None:
+        spans = _spans(event.request)
+        if spans is None:
             return
-        if not state.layer:
+        if spans.repair is not None:
+            spans.repair.set_attribute("sidecar.repair.result", event.result)
+        if event.result in ("succeeded", "failed") and spans.feedback:
+            spans.feedback = False
+            spans.server.add_event(
+                f"validation_feedback.{event.result}", {"sidecar.repair.layer": event.layer}
+            )
+
+    def repair_refused(self, event: RepairRefused) -> None:
+        spans = _spans(event.request)
+        if spans is not None and spans.repair is not None:
+            spans.repair.set_attributes(
+                {"sidecar.repair.result": "refused", "sidecar.repair.refusal": event.reason}
+            )
+
+    def repair_finished(self, event: RepairFinished) -> None:
+        spans = _spans(event.request)
+        if spans is None or spans.repair is None:
+            return
+        span, spans.repair = spans.repair, None
+        if not event.layer:
             span.set_attribute("sidecar.repair.layer", "none")
-            if state.scratch.pop(_FEEDBACK, False):
-                self._event(state, "validation_feedback.failed", {"sidecar.repair.layer": "none"})
+            if spans.feedback:
+                spans.feedback = False
+                spans.server.add_event(
+                    "validation_feedback.failed", {"sidecar.repair.layer": "none"}
+                )
         span.end()
 
-    def llm_request(self, state: RequestState) -> None:
-        call = state.llm
-        assert call is not None
-        parent = state.scratch.get(_REPAIR) or state.scratch.get(_SERVER)
+    def llm_request(self, event: LlmRequest) -> None:
+        spans = _spans(event.request)
+        parent = (spans.repair or spans.server) if spans is not None else None
         ended = time.time_ns()
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
             "gen_ai.provider.name": "openai",
             "gen_ai.request.model": self._llm_model,
-            "sidecar.llm.result": call.result,
+            "sidecar.llm.result": event.result,
         }
-        if call.input_tokens:
-            attributes["gen_ai.usage.input_tokens"] = call.input_tokens
-        if call.output_tokens:
-            attributes["gen_ai.usage.output_tokens"] = call.output_tokens
+        if event.input_tokens:
+            attributes["gen_ai.usage.input_tokens"] = event.input_tokens
+        if event.output_tokens:
+            attributes["gen_ai.usage.output_tokens"] = event.output_tokens
         span = self._tracer.start_span(
             f"chat {self._llm_model}",
             context=trace.set_span_in_context(parent) if parent is not None else None,
             kind=SpanKind.CLIENT,
             attributes=attributes,
-            start_time=ended - int(call.duration_s * 1e9),
+            start_time=ended - int(event.duration_s * 1e9),
         )
-        if call.result != "ok":
+        if event.result != "ok":
             span.set_attribute(
-                "error.type", type(call.failure).__name__ if call.failure else call.result
+                "error.type", type(event.failure).__name__ if event.failure else event.result
             )
             span.set_status(Status(StatusCode.ERROR))
         span.end(end_time=ended)
 
-    def budget_exhausted(self, state: RequestState) -> None:
-        self._event(state, "retry_budget.exhausted", {})
+    def budget_exhausted(self, event: BudgetExhausted) -> None:
+        _server_event(event.request, "retry_budget.exhausted", {})
 
-    def circuit_refused(self, state: RequestState) -> None:
-        self._event(state, "circuit.refused", {})
+    def circuit_refused(self, event: CircuitRefused) -> None:
+        _server_event(event.request, "circuit.refused", {})
 
-    def sidecar_overloaded(self, state: RequestState) -> None:
-        self._event(state, "sidecar.overloaded", {"sidecar.overload.reason": state.reason})
+    def sidecar_overloaded(self, event: SidecarOverloaded) -> None:
+        _server_event(
+            event.request, "sidecar.overloaded", {"sidecar.overload.reason": event.reason}
+        )
 
-    def request_finished(self, state: RequestState) -> None:
-        server = state.scratch.pop(_SERVER, None)
-        if server is None:
+    def request_finished(self, event: RequestFinished) -> None:
+        request = event.request
+        spans = _spans(request)
+        if request is None or spans is None:
             return
-        self._end_attempt(state)
-        repair = state.scratch.pop(_REPAIR, None)
-        if repair is not None:
-            repair.end()
+        request.spans = None
+        _end_attempt(spans)
+        if spans.repair is not None:
+            spans.repair.end()
+        server = spans.server
         server.set_attributes(
             {
-                "sidecar.outcome": state.outcome,
-                "sidecar.attempts": state.attempts,
-                "sidecar.trail": state.trail,
+                "sidecar.outcome": event.outcome,
+                "sidecar.attempts": event.attempts,
+                "sidecar.trail": event.trail,
             }
         )
-        if state.status:
-            server.set_attribute("http.response.status_code", state.status)
-        if state.status >= 500:
-            server.set_attribute("error.type", str(state.status))
+        if event.status:
+            server.set_attribute("http.response.status_code", event.status)
+        if event.status >= 500:
+            server.set_attribute("error.type", str(event.status))
             server.set_status(Status(StatusCode.ERROR))
-        state.exemplar = _exemplar(server)
+        request.exemplar = _exemplar(server)
         server.end()
 
-    def _end_attempt(self, state: RequestState, reason: str = "", layer: str = "") -> None:
-        """The last attempt's span, ended when its answer was, with what followed it."""
-        pending = state.scratch.pop(_ATTEMPT, None)
-        if pending is None:
-            return
-        span, ended = pending
-        if reason:
-            span.set_attribute("sidecar.retry.reason", reason)
-        if layer:
-            span.set_attribute("sidecar.repair.layer", layer)
-        span.end(end_time=ended)
 
-    def _event(self, state: RequestState, name: str, attributes: dict[str, Any]) -> None:
-        server = state.scratch.get(_SERVER)
-        if server is not None:
-            server.add_event(name, attributes)
+def _end_attempt(spans: _Spans, reason: str = "", layer: str = "") -> None:
+    """The last attempt's span, ended when its answer was, with what followed it."""
+    pending, spans.attempt = spans.attempt, None
+    if pending is None:
+        return
+    span, ended = pending
+    if reason:
+        span.set_attribute("sidecar.retry.reason", reason)
+    if layer:
+        span.set_attribute("sidecar.repair.layer", layer)
+    span.end(end_time=ended)
 
 
-def _coercion_event(span: Span, state: RequestState) -> None:
-    if state.layer == "coercion":
-        span.add_event("coercion.applied", {"sidecar.repair.fields": list(state.changed)})
+def _server_event(request: Request | None, name: str, attributes: dict[str, Any]) -> None:
+    spans = _spans(request)
+    if spans is not None:
+        spans.server.add_event(name, attributes)
+
+
+def _spans(request: Request | None) -> _Spans | None:
+    """The request's open spans; none for an event outside a request traced here."""
+    return request.spans if request is not None else None
+
+
+def _coercion_event(span: Span, event: PayloadRepaired) -> None:
+    if event.layer == "coercion":
+        span.add_event("coercion.applied", {"sidecar.repair.fields": list(event.fields)})
 
 
 def _method(method: str) -> str:

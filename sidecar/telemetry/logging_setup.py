@@ -1,6 +1,8 @@
-"""The contract's metrics, and how every log line of the process is configured.
+"""How every log line of the process is configured: the structlog chain (JSON or console,
+credentials masked), the level gate for libraries, and the logger the HTTP server reports
+through.
 
-What each stage of a request records is the sinks' business (``sidecar.telemetry``).
+What each event of a request logs is the log sink's business (``telemetry.logs``).
 """
 
 from __future__ import annotations
@@ -13,125 +15,8 @@ from typing import Any, TextIO
 import orjson
 import structlog
 from aiohttp.http_exceptions import HttpProcessingError
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-    disable_created_metrics,
-)
 
-from sidecar import __version__
 from sidecar.credentials import MASK, is_secret_name, mask_credentials
-
-UNMATCHED_ROUTE = "(none)"
-
-_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-
-
-class Metrics:
-    """The contract's metrics, registered on the registry given (never the global one)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        # ``*_created`` series double every counter's size and no dashboard reads them.
-        disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated upstream
-        self.registry = registry
-        # process_* (memory, open fds, CPU) and python_info, as every Python exporter has.
-        ProcessCollector(registry=registry)
-        PlatformCollector(registry=registry)
-        self.build_info = Gauge(
-            "sidecar_build_info", "Build of the running sidecar", ["version"], registry=registry
-        )
-        self.build_info.labels(version=__version__).set(1)
-        self.requests = Counter(
-            "sidecar_requests_total",
-            "Requests answered, by how they ended",
-            ["route", "method", "outcome"],
-            registry=registry,
-        )
-        self.request_duration = Histogram(
-            "sidecar_request_duration_seconds",
-            "Time from request to answer headers, waits and retries included",
-            ["route", "outcome"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.upstream_attempts = Counter(
-            "sidecar_upstream_attempts_total",
-            "Attempts sent upstream, by status code or 'error'",
-            ["route", "status"],
-            registry=registry,
-        )
-        self.upstream_duration = Histogram(
-            "sidecar_upstream_duration_seconds",
-            "Time of one upstream attempt until its answer was ready to decide on",
-            ["route"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
-        )
-        self.in_flight = Gauge(
-            "sidecar_in_flight_requests",
-            "Requests being handled now",
-            ["route"],
-            registry=registry,
-        )
-        self.retries = Counter(
-            "sidecar_retries_total",
-            "Retries sent, by what prompted them",
-            ["route", "reason"],
-            registry=registry,
-        )
-        self.retry_wait = Histogram(
-            "sidecar_retry_wait_seconds",
-            "Waits before retries, by who chose their length",
-            ["route", "source"],
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
-            registry=registry,
-        )
-        self.budget_exhausted = Counter(
-            "sidecar_retry_budget_exhausted_total",
-            "Retries refused because the route's retry budget was spent",
-            ["route"],
-            registry=registry,
-        )
-        self.repairs = Counter(
-            "sidecar_repairs_total",
-            "Payload repairs, by layer and result",
-            ["route", "layer", "result"],
-            registry=registry,
-        )
-        self.llm_requests = Counter(
-            "sidecar_llm_requests_total",
-            "Calls to the repair LLM, by result",
-            ["result"],
-            registry=registry,
-        )
-        self.llm_duration = Histogram(
-            "sidecar_llm_duration_seconds",
-            "Time of one call to the repair LLM",
-            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30),
-            registry=registry,
-        )
-        self.llm_tokens = Counter(
-            "sidecar_llm_tokens_total",
-            "Tokens the repair LLM reported using",
-            ["kind"],
-            registry=registry,
-        )
-        self.state_errors = Counter(
-            "sidecar_state_errors_total",
-            "Fleet state store calls that failed or timed out; local state was used instead",
-            ["op"],
-            registry=registry,
-        )
-        self.circuit_state = Gauge(
-            "sidecar_circuit_state",
-            "Circuit breaker state: 0 closed, 1 half-open, 2 open",
-            ["route"],
-            registry=registry,
-        )
 
 
 class _ClientFaultFilter(logging.Filter):
@@ -252,13 +137,3 @@ def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> Non
     logging.getLogger("sidecar").setLevel(numeric_level)
     # Python's warnings (a coroutine never awaited, a deprecation) are lines too.
     logging.captureWarnings(True)
-
-
-# Methods an agent can send are unbounded tokens; only these become label values.
-KNOWN_METHODS = frozenset(
-    {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
-)
-
-
-def method_label(method: str) -> str:
-    return method if method in KNOWN_METHODS else "OTHER"
