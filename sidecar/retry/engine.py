@@ -313,13 +313,15 @@ class _Run:
 
     def _known_after(self, attempt: Attempt, repair: RepairAnswer | None = None) -> AfterAttempt:
         """What the decision after ``attempt`` needs to know, as of now."""
-        result = attempt.result
+        result, verdict = attempt.result, attempt.verdict
         return AfterAttempt(
-            verdict=attempt.verdict,
+            verdict=verdict,
             retries=self.retries,
             limits=self.limits,
             time_left_s=self.deadline - self.clock(),
-            budget_left=self.guards.budget.available(),
+            # Summing the budget's window costs a few µs: looked at only when the verdict
+            # leaves a retry open (``decide`` reads it for nothing else).
+            budget_left=verdict.action is not Action.DONE and self.guards.budget.available(),
             replayable=self.payload is not None,
             safe_to_repeat=self.replay_safe,
             cut_by_deadline=attempt.cut_by_deadline,
