@@ -36,6 +36,7 @@ async def test_metrics_and_health_endpoints(make_tool, make_sidecar, aiohttp_cli
     assert "_created" not in text
     assert health.status == 200
     assert ready.status == 503, "not ready until the server has bound its port"
+    assert all("Server" not in answer.headers for answer in (metrics, health, ready))
 
 
 async def test_malformed_request_line_gets_400(make_tool, make_sidecar):

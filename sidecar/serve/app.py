@@ -278,4 +278,10 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     admin.router.add_get("/metrics", metrics_text)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
+    admin.on_response_prepare.append(_unnamed)
     return admin
+
+
+async def _unnamed(_: web.Request, response: web.StreamResponse) -> None:
+    """The admin port does not name the software and versions behind it either."""
+    response.headers.popall("Server", None)
