@@ -187,7 +187,7 @@ class Proxy:
         self._waiting_for_tool.add(task)
         self._all_done.clear()
         try:
-            return await self._forward(request, target, request_id, call)
+            return await self._forward(request, target, request_id, call, task)
         except asyncio.CancelledError:
             if not (self._draining and task in self._waiting_for_tool):
                 raise
@@ -203,7 +203,12 @@ class Proxy:
                 self._all_done.set()
 
     async def _forward(
-        self, request: web.BaseRequest, target: Target, request_id: str, call: _Call
+        self,
+        request: web.BaseRequest,
+        target: Target,
+        request_id: str,
+        call: _Call,
+        task: asyncio.Task[object],
     ) -> web.StreamResponse:
         """The request through the retry engine; the tool's answer relayed, or ours."""
         route = target.route
@@ -234,8 +239,6 @@ class Proxy:
         )
         call.outcome, call.attempts = result.outcome, result.attempts
         call.trail = ", ".join(result.trail)
-        task = asyncio.current_task()
-        assert task is not None
         self._waiting_for_tool.discard(task)
         if result.answer is not None:
             call.status = result.answer.status
