@@ -70,6 +70,10 @@ class SendRepaired:
 
 Decision = Stop | Retry | AskRepair | SendRepaired
 
+# Most requests end in one of these: made once (they are frozen) rather than per request.
+_OK = Stop(Outcome.OK)
+_RECOVERED = Stop(Outcome.RECOVERED)
+
 
 def decide(state: AfterAttempt, backoff: Backoff) -> Decision:
     """The contract's rules, after one attempt, in the order they apply."""
@@ -96,7 +100,7 @@ def _done(state: AfterAttempt) -> Stop:
     """An answer that goes back as it is."""
     verdict = state.verdict
     if verdict.success:
-        return Stop(Outcome.OK if state.retries == 0 else Outcome.RECOVERED)
+        return _OK if state.retries == 0 else _RECOVERED
     if verdict.reason == "overloaded":
         return Stop(Outcome.OVERLOADED)
     return Stop(Outcome.NOT_RETRYABLE, "stop=slow_body" if state.slow_body else None)

@@ -129,7 +129,8 @@ class Hooks:
         current = _current.get()
         if current is not None:
             current.attempt = attempt
-        self._emit(AttemptStarted(attempt, current))
+        if self._handlers[AttemptStarted]:  # only traces want it: with tracing off, no event
+            self._emit(AttemptStarted(attempt, current))
         headers = current.upstream_headers if current is not None else None
         if not headers:
             return request
