@@ -52,7 +52,6 @@ class Connection(asyncio.Protocol):
 
     __slots__ = (
         "_body",
-        "_chunked",
         "_drain_waiter",
         "_head_waiter",
         "_on_lost",
@@ -79,7 +78,6 @@ class Connection(asyncio.Protocol):
         self._parser: AnswerParser | None = None
         self._body: BodyStream | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._chunked = False
         self._should_close = False
         self._read_paused = False
         self._write_paused = False
@@ -138,9 +136,8 @@ class Connection(asyncio.Protocol):
         if isinstance(body, bytes):
             transport.write(head + body if body else head)
         else:
-            self._chunked = chunked
             transport.write(head)
-            self._writer = loop.create_task(self._write_body(body))
+            self._writer = loop.create_task(self._write_body(body, chunked))
         progress.stage = Stage.SENT
         timer = loop.call_at(deadline, _time_out, waiter)
         try:
@@ -148,7 +145,7 @@ class Connection(asyncio.Protocol):
         finally:
             timer.cancel()
 
-    async def _write_body(self, body: AsyncIterable[bytes]) -> None:
+    async def _write_body(self, body: AsyncIterable[bytes], chunked: bool) -> None:
         """A streamed request body: as it came when its length was declared, else chunked."""
         try:
             async for chunk in body:
@@ -157,14 +154,14 @@ class Connection(asyncio.Protocol):
                     return
                 if not chunk:
                     continue
-                if self._chunked:
+                if chunked:
                     transport.writelines((b"%x\r\n" % len(chunk), chunk, b"\r\n"))
                 else:
                     transport.write(chunk)
                 if self._write_paused:
                     self._drain_waiter = asyncio.get_running_loop().create_future()
                     await self._drain_waiter
-            if self._chunked and self.transport is not None:
+            if chunked and self.transport is not None:
                 self.transport.write(b"0\r\n\r\n")
         except Exception as exc:
             self._break(ConnectionBroken(f"the request body failed: {exc!r}"))
