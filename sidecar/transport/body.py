@@ -69,9 +69,6 @@ class BodyStream:
         """Whether the whole body has arrived (some of it may still be unread)."""
         return self._eof
 
-    def exception(self) -> BaseException | None:
-        return self._exception
-
     def on_eof(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` once the whole body has arrived (now, if it has)."""
         if self._eof:
