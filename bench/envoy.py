@@ -146,8 +146,13 @@ def config(
     upstream_port: int,
     retry_policy: RetryPolicy,
     route_timeout_s: float = 15.0,
+    hedge_on_per_try_timeout: bool = False,
 ) -> dict[str, object]:
-    """One listener on 127.0.0.1:port that proxies every path to 127.0.0.1:upstream_port."""
+    """One listener on 127.0.0.1:port that proxies every path to 127.0.0.1:upstream_port.
+
+    ``hedge_on_per_try_timeout``: the route's hedge policy; when an attempt reaches the retry
+    policy's per-try timeout, a retry goes out beside it instead of in its place, and the
+    first answer wins."""
     return {
         "admin": {"address": _address(admin_port)},
         "static_resources": {
@@ -156,7 +161,13 @@ def config(
                     "name": "agents",
                     "address": _address(port),
                     "filter_chains": [
-                        {"filters": [_connection_manager(retry_policy, route_timeout_s)]}
+                        {
+                            "filters": [
+                                _connection_manager(
+                                    retry_policy, route_timeout_s, hedge_on_per_try_timeout
+                                )
+                            ]
+                        }
                     ],
                 }
             ],
@@ -187,7 +198,16 @@ def config(
     }
 
 
-def _connection_manager(retry_policy: RetryPolicy, route_timeout_s: float) -> dict[str, object]:
+def _connection_manager(
+    retry_policy: RetryPolicy, route_timeout_s: float, hedge_on_per_try_timeout: bool
+) -> dict[str, object]:
+    route: dict[str, object] = {
+        "cluster": "tool",
+        "timeout": _duration(route_timeout_s),
+        "retry_policy": retry_policy.as_config(),
+    }
+    if hedge_on_per_try_timeout:
+        route["hedge_policy"] = {"hedge_on_per_try_timeout": True}
     return {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
@@ -202,16 +222,7 @@ def _connection_manager(retry_policy: RetryPolicy, route_timeout_s: float) -> di
                         # x-envoy-attempt-count on every answer, as X-Sidecar-Attempts is:
                         # attempts that never reached the tool are counted there.
                         "include_attempt_count_in_response": True,
-                        "routes": [
-                            {
-                                "match": {"prefix": "/"},
-                                "route": {
-                                    "cluster": "tool",
-                                    "timeout": _duration(route_timeout_s),
-                                    "retry_policy": retry_policy.as_config(),
-                                },
-                            }
-                        ],
+                        "routes": [{"match": {"prefix": "/"}, "route": route}],
                     }
                 ]
             },

@@ -30,9 +30,10 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import aiohttp
 import envoy
@@ -75,6 +76,7 @@ SCENARIOS = (
     Scenario("final", "g. 400 with retryable: false", (Step.NOT_RETRYABLE,)),
 )
 SOAK_FLAKY, SOAK_STEADY = "soak-flaky", "soak-steady"
+Answered = TypeVar("Answered")
 
 
 @dataclass(frozen=True)
@@ -154,20 +156,31 @@ async def burst(
     return list(await asyncio.gather(*(one(number) for number in range(calls))))
 
 
-async def soak(
-    session: aiohttp.ClientSession, base: str, run: str, rate: float, seconds: float
-) -> list[Call]:
-    """Open loop: a call every 1/rate s, whatever the answers do; alternate endpoints."""
-    tasks: list[asyncio.Task[Call]] = []
+async def open_loop(
+    rate: float, seconds: float, call: Callable[[int], Coroutine[Any, Any, Answered]]
+) -> list[Answered]:
+    """Open loop: ``call(number)`` every 1/rate s for ``seconds``, whatever the answers do."""
+    tasks: list[asyncio.Task[Answered]] = []
     start = time.perf_counter()
     for number in range(int(rate * seconds)):
         delay = start + number / rate - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(call(number)))
+    return list(await asyncio.gather(*tasks))
+
+
+async def soak(
+    session: aiohttp.ClientSession, base: str, run: str, rate: float, seconds: float
+) -> list[Call]:
+    """Alternate endpoints, open loop."""
+
+    async def one(number: int) -> Call:
         endpoint = SOAK_STEADY if number % 2 == 0 else SOAK_FLAKY
         path = f"/{run}/{endpoint}/{number}"
-        tasks.append(asyncio.create_task(make_call(session, base, path, idempotent=True)))
-    return list(await asyncio.gather(*tasks))
+        return await make_call(session, base, path, idempotent=True)
+
+    return await open_loop(rate, seconds, one)
 
 
 # --- the proxies ---------------------------------------------------------------------
@@ -188,18 +201,31 @@ def sidecar_cli() -> str:
 
 
 @contextlib.asynccontextmanager
-async def proxy(bench: Bench, kind: str, upstream_port: int) -> AsyncIterator[str]:
-    """A fresh proxy of ``kind`` in front of 127.0.0.1:upstream_port; yields its base URL."""
+async def proxy(
+    bench: Bench,
+    kind: str,
+    upstream_port: int,
+    settings: Mapping[str, str] | None = None,
+    envoy_policy: envoy.RetryPolicy = envoy.BEST_RETRY_POLICY,
+    envoy_hedge: bool = False,
+) -> AsyncIterator[str]:
+    """A fresh proxy of ``kind`` in front of 127.0.0.1:upstream_port; yields its base URL.
+
+    ``settings`` (``SIDECAR_*`` variables) change the sidecar's shipped defaults;
+    ``envoy_policy`` and ``envoy_hedge`` are Envoy's route retry and hedge policies."""
     port, admin_port = free_port(), free_port()
     if kind == "envoy":
-        config = envoy.config(port, admin_port, upstream_port, envoy.BEST_RETRY_POLICY)
+        config = envoy.config(
+            port, admin_port, upstream_port, envoy_policy, hedge_on_per_try_timeout=envoy_hedge
+        )
         path = envoy.write_config(bench.workdir / f"envoy-{port}.json", config)
         running = bench.start("envoy", None, *envoy.command(path))
         ready = f"http://127.0.0.1:{admin_port}/ready"
     else:
         command = [sidecar_cli(), "serve", "--upstream", f"http://127.0.0.1:{upstream_port}"]
         command += ["--port", str(port), "--admin-port", str(admin_port)]
-        running = bench.start("sidecar", None, *command, env=sidecar_env(), inherit_env=False)
+        env = {**sidecar_env(), **(settings or {})}
+        running = bench.start("sidecar", None, *command, env=env, inherit_env=False)
         ready = f"http://127.0.0.1:{admin_port}/readyz"
     try:
         await _until_ready(bench, ready)
@@ -246,7 +272,7 @@ class Row:
     def markdown(self) -> str:
         return (
             f"| {self.scenario} | {self.proxy} | {self.success_pct:.1f} | "
-            f"{self.attempts_per_call} | {_ms(self.p50_ms)} | {_ms(self.p99_ms)} | "
+            f"{self.attempts_per_call} | {format_ms(self.p50_ms)} | {format_ms(self.p99_ms)} | "
             f"{self.wrongful} | {self.proxy_answers} | {self.outcomes} |"
         )
 
@@ -258,11 +284,11 @@ HEADER = (
 )
 
 
-def _ms(value: float) -> str:
+def format_ms(value: float) -> str:
     return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
 
 
-def _counted(labels: Iterable[str]) -> str:
+def counted(labels: Iterable[str]) -> str:
     counts = Counter(label for label in labels if label)
     return ", ".join(f"{label} ×{count}" for label, count in counts.most_common()) or "—"
 
@@ -301,7 +327,7 @@ def row(
     else:
         counts = [len(attempts) for attempts in seen]
         marker = ""
-    answers = _counted(call.said for call in calls if not call.from_tool)
+    answers = counted(call.said for call in calls if not call.from_tool)
     if steady_prefix is not None and answers != "—":
         steady = sum(1 for c in calls if not c.from_tool and c.path.startswith(steady_prefix))
         answers += f" ({steady} of them to the endpoint that never fails)"
@@ -316,19 +342,25 @@ def row(
         p99_ms=percentile(latencies, 0.99),
         wrongful=sum(wrongful_retries(attempts, idempotent) for attempts in seen),
         proxy_answers=answers,
-        outcomes=_counted(call.outcome for call in calls),
+        outcomes=counted(call.outcome for call in calls),
     )
 
 
-def sidecar_defaults() -> str:
+def sidecar_settings(settings: Mapping[str, str] | None = None) -> dict[str, object]:
+    """What ``check-config`` says the sidecar would run with, given ``settings``."""
     shown = subprocess.run(
         [sidecar_cli(), "check-config", "--upstream", "http://127.0.0.1:9"],
         capture_output=True,
         text=True,
         check=True,
-        env=sidecar_env(),
+        env={**sidecar_env(), **(settings or {})},
     ).stdout
-    settings = orjson.loads(shown)
+    decoded: dict[str, object] = orjson.loads(shown)
+    return decoded
+
+
+def sidecar_defaults() -> str:
+    settings = sidecar_settings()
     keys = (
         "max_retries",
         "backoff_base_ms",
