@@ -55,8 +55,10 @@ async def race(
         running.append(asyncio.ensure_future(send(True)))
         return Raced(await _first_answered(running, answered, dropped), hedged=True)
     finally:
-        for copy in running:
-            copy.cancel()
+        cancelled = [copy for copy in running if copy.cancel()]
+        if cancelled:
+            # Each cancelled copy reports its end and closes its connection first.
+            await asyncio.wait(cancelled)
 
 
 async def _first_answered(
