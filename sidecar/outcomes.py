@@ -86,6 +86,10 @@ GAVE_UP = frozenset(
 )
 
 
+# The label of an attempt cancelled because the copy racing it answered first (hedging).
+CANCELLED_ATTEMPT = "cancelled"
+
+
 @dataclass(frozen=True, slots=True)
 class Wait:
     """A wait before the next attempt, and what asked for it."""

@@ -247,6 +247,43 @@ async def test_mcp_tools_annotated_safe_are_replayed_after_a_per_try_timeout(mak
     assert reported == [("2", "recovered")] * 2
 
 
+async def test_mcp_a_slow_read_only_tool_is_hedged_and_an_unannotated_one_never(make_sidecar):
+    """Hedging against the MCP SDK's server: only the tool its ``tools/list`` marked
+    ``readOnlyHint`` gets a second copy; the other runs once however slow it is."""
+    runs: Counter[str] = Counter()
+    server = MCPServer("field")
+
+    async def slow_first_time(name: str) -> str:
+        runs[name] += 1
+        if runs[name] == 1:
+            await anyio.sleep(0.6)
+        return f"{name} run {runs[name]}"
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def lookup(key: str) -> str:
+        return await slow_first_time("lookup")
+
+    @server.tool()
+    async def send_email(to: str) -> str:
+        return await slow_first_time("send_email")
+
+    async with mcp_agent(server, make_sidecar, json_response=True, hedge_after_ms=100) as (
+        client,
+        wire,
+    ):
+        await client.list_tools()
+        looked_up = await client.call_tool("lookup", {"key": "k"})
+        sent = await client.call_tool("send_email", {"to": "a@example.com"})
+
+    assert looked_up.content[0].text == "lookup run 2"
+    assert sent.content[0].text == "send_email run 1"
+    assert runs == {"lookup": 2, "send_email": 1}
+    lookup_call, email_call = wire.tool_calls()
+    assert lookup_call.headers["X-Sidecar-Trail"] == "hedge=0.1s, 200"
+    assert lookup_call.headers["X-Sidecar-Attempts"] == "2"
+    assert email_call.headers["X-Sidecar-Trail"] == "200"
+
+
 # --- MCP over aiohttp: a JSON-RPC tool server that resets the first call of each tool ------
 
 TOOL_LIST = {

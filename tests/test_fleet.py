@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import re
 import time
 from collections.abc import Iterator
@@ -60,6 +61,14 @@ def keys(store: RedisServer) -> set[str]:
     return {key.decode() for key in store.contents()}
 
 
+def tool_keys(tool: str, route: str = "default") -> str:
+    """Where a tool's cooldowns and circuit window live (the ``tool`` circuit scope)."""
+    return f"sidecar:{{{route}}}:tool:{hashlib.sha256(tool.encode()).hexdigest()[:32]}:"
+
+
+FORECAST = tool_keys("/forecast")
+
+
 async def test_a_wait_one_replica_learned_holds_back_the_first_attempt_of_another(
     make_tool, make_sidecar, redis_store
 ):
@@ -73,7 +82,7 @@ async def test_a_wait_one_replica_learned_holds_back_the_first_attempt_of_anothe
     second = await make_sidecar(tool, **shared(redis_store), sleep=asyncio.sleep)
 
     learning = asyncio.create_task(first.client.post("/forecast", json={"city": "Oslo"}))
-    await eventually(lambda: "sidecar:{default}:cooldown" in keys(redis_store))
+    await eventually(lambda: FORECAST + "cooldown" in keys(redis_store))
     waited = await second.client.post("/forecast", json={"city": "Oslo"})
     learned = await learning
 
@@ -180,8 +189,13 @@ async def test_the_circuit_counts_failures_across_the_fleet(make_tool, make_side
     for sidecar in (first, second, first, second):
         assert (await sidecar.client.post("/forecast", json={})).status == 503
     # Each replica saw two failures, the fleet four: the last one opened the circuit.
-    assert second.metric("sidecar_circuit_state", route="default") == 2
-    assert first.metric("sidecar_circuit_state", route="default") == 0
+    assert second.metric("sidecar_circuit_state", route="default", tool="/forecast") == 2
+    assert (
+        first.registry.get_sample_value(
+            "sidecar_circuit_state", {"route": "default", "tool": "/forecast"}
+        )
+        == 0
+    )
 
     refused = await first.client.post("/forecast", json={})
 
@@ -301,7 +315,7 @@ async def test_three_replicas_send_nothing_while_the_tool_cools_down(aiohttp_ser
             stack, str(server.make_url("/")), 3, shared_env(redis_store)
         )
         learning = asyncio.create_task(agent.post(f"{learner.proxy}/forecast", json={}))
-        await eventually(lambda: "sidecar:{default}:cooldown" in keys(redis_store))
+        await eventually(lambda: FORECAST + "cooldown" in keys(redis_store))
 
         answers = await asyncio.gather(
             learning, *(agent.post(f"{other.proxy}/forecast", json={}) for other in others)
@@ -328,7 +342,7 @@ async def test_the_store_killed_mid_run_and_restarted(aiohttp_server, redis_stor
                     assert answer.headers["X-Sidecar-Outcome"] == "ok"
 
         await every_replica_answers()
-        assert any(key.startswith("sidecar:{default}:window:") for key in keys(redis_store))
+        assert any(key.startswith(FORECAST + "window:") for key in keys(redis_store))
 
         redis_store.kill()
         await every_replica_answers()
@@ -345,7 +359,7 @@ async def test_the_store_killed_mid_run_and_restarted(aiohttp_server, redis_stor
 
         async def written_again() -> bool:
             await every_replica_answers()
-            return any(key.startswith("sidecar:{default}:window:") for key in keys(redis_store))
+            return any(key.startswith(FORECAST + "window:") for key in keys(redis_store))
 
         await eventually(written_again, timeout_s=10)
 
@@ -435,3 +449,39 @@ def test_the_store_comes_from_the_dev_extra_not_the_path(tmp_path, monkeypatch):
         client.close()
     finally:
         server.kill()
+
+
+async def test_a_wait_one_tool_asked_for_holds_back_that_tool_only_across_the_fleet(
+    make_tool, make_sidecar, redis_store
+):
+    async def forecast_limited(request: web.Request) -> web.Response:
+        await request.read()
+        return rate_limited(7) if request.path == "/forecast" else ok()
+
+    tool = await make_tool(forecast_limited)
+    settings = {**shared(redis_store), "max_retries": 0, "max_retry_after_ms": 1000}
+    learner = await make_sidecar(tool, **settings)
+    other = await make_sidecar(tool, **settings)
+
+    assert (await learner.client.post("/forecast", json={})).status == 429
+    held_back = await other.client.post("/forecast", json={})
+    neighbour = await other.client.post("/geocode", json={})
+
+    assert (await held_back.json())["error"]["details"]["tool"] == "/forecast"
+    assert held_back.headers["X-Sidecar-Attempts"] == "0"
+    assert neighbour.status == 200
+    assert neighbour.headers["X-Sidecar-Trail"] == "200"
+    assert [seen.raw_path for seen in tool.seen] == ["/forecast", "/geocode"]
+    assert FORECAST + "cooldown" in keys(redis_store)
+
+
+async def test_with_the_route_scope_the_fleet_keeps_the_routes_own_keys(
+    make_tool, make_sidecar, redis_store
+):
+    tool = await make_tool(lambda _: asyncio.sleep(0, rate_limited(7)))
+    sidecar = await make_sidecar(tool, **shared(redis_store), circuit_scope="route", max_retries=0)
+
+    await sidecar.client.post("/forecast", json={})
+
+    assert "sidecar:{default}:cooldown" in keys(redis_store)
+    assert not any(":tool:" in key for key in keys(redis_store))

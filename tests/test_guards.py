@@ -55,7 +55,13 @@ async def test_a_steady_share_of_faulty_answers_never_opens_the_circuit(make_too
     statuses = await asyncio.gather(*(call(f"/p{n % 2}") for n in range(300)))
 
     assert statuses == [200] * 300
-    assert sidecar.metric("sidecar_circuit_state", route="default") == 0
+    for tool in ("/p0", "/p1"):
+        assert (
+            sidecar.registry.get_sample_value(
+                "sidecar_circuit_state", {"route": "default", "tool": tool}
+            )
+            == 0
+        )
 
 
 async def test_concurrent_waits_the_tool_asked_for_do_not_end_together(make_tool, make_sidecar):
@@ -142,7 +148,12 @@ async def test_a_full_connection_pool_is_the_sidecars_overload_not_the_tools_fai
     assert (await waiting.json())["error"]["code"] == "SIDECAR_OVERLOADED"
     assert waiting.headers["X-Sidecar-Trail"] == "pool_timeout"
     assert waiting.headers["X-Sidecar-Outcome"] == "overloaded"
-    assert sidecar.metric("sidecar_circuit_state", route="default") == 0
+    assert (
+        sidecar.registry.get_sample_value(
+            "sidecar_circuit_state", {"route": "default", "tool": "/"}
+        )
+        == 0
+    )
 
 
 async def open_agent(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

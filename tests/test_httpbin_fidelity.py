@@ -805,3 +805,25 @@ async def test_a_latin1_answer_header_from_httpbin_gets_the_documented_502(
     error = json.loads(through.body)["error"]
     assert error["code"] == "UPSTREAM_RESET"
     assert error["details"]["reason"] == "header X-Latin1 is not valid UTF-8"
+
+
+async def test_httpbins_failing_endpoint_opens_its_own_circuit_and_get_keeps_answering(
+    httpbins: dict[str, Httpbin], make_sidecar: Any
+) -> None:
+    """0.3 opened the route's circuit after six 503s from ``/status/503`` and refused a
+    healthy ``/get`` for 30 s; each endpoint is a tool of its own now."""
+    tool = httpbins["werkzeug"]
+    sidecar = await make_sidecar(tool.url, max_retries=0)
+    received_before = len(tool.seen)
+
+    failing = [(await sidecar.client.get("/status/503")).status for _ in range(6)]
+    refused = await sidecar.client.get("/status/503")
+    healthy = await sidecar.client.get("/get?x=1")
+
+    assert failing == [503] * 6
+    assert (await refused.json())["error"]["details"]["tool"] == "/status/503"
+    assert healthy.status == 200
+    assert (await healthy.json())["args"] == {"x": "1"}
+    targets = [received.request_line.split()[1] for received in tool.seen[received_before:]]
+    # The fifth failure in the window opened the circuit: the sixth call was refused too.
+    assert targets == ["/status/503"] * 5 + ["/get?x=1"]

@@ -71,7 +71,7 @@ async def test_503_503_200_recovers_with_headers_metrics_and_logs(make_tool, mak
     assert metric("sidecar_upstream_attempts_total", status="200") == 1
     assert metric("sidecar_retries_total", reason="server_error") == 2
     assert metric("sidecar_retry_wait_seconds_count", source="backoff") == 2
-    assert metric("sidecar_circuit_state") == 0
+    assert metric("sidecar_circuit_state", tool="/weather") == 0
 
     events = [entry["event"] for entry in logs]
     assert events == [
@@ -502,7 +502,7 @@ async def test_circuit_opens_rejects_then_probes_and_closes(make_tool, make_side
 
     for _ in range(3):
         assert (await sidecar.client.get("/")).status == 503
-    assert sidecar.metric("sidecar_circuit_state", route="default") == 2
+    assert sidecar.metric("sidecar_circuit_state", route="default", tool="/") == 2
 
     rejected = await sidecar.client.get("/")
     assert rejected.status == 503
@@ -515,7 +515,7 @@ async def test_circuit_opens_rejects_then_probes_and_closes(make_tool, make_side
     healthy = True
     probe = await sidecar.client.get("/")
     assert probe.status == 200
-    assert sidecar.metric("sidecar_circuit_state", route="default") == 0
+    assert sidecar.metric("sidecar_circuit_state", route="default", tool="/") == 0
     assert (await sidecar.client.get("/")).status == 200
 
 
@@ -557,7 +557,7 @@ async def test_parallel_calls_that_recover_never_open_the_circuit(make_tool, mak
     assert [answer.status for answer in answers] == [200] * 20
     assert {answer.headers["X-Sidecar-Outcome"] for answer in answers} == {"recovered"}
     assert len(tool.seen) == 60
-    assert sidecar.metric("sidecar_circuit_state", route="default") == 0
+    assert sidecar.metric("sidecar_circuit_state", route="default", tool="/") == 0
 
 
 async def test_a_call_holding_the_tools_answer_returns_it_when_the_circuit_opens(
@@ -579,7 +579,7 @@ async def test_a_call_holding_the_tools_answer_returns_it_when_the_circuit_opens
     # Two more calls fail outright (no retries): the route's circuit opens.
     for _ in range(2):
         await sidecar.client.get("/", headers={"X-Sidecar-Max-Retries": "0"})
-    assert sidecar.metric("sidecar_circuit_state", route="default") == 2
+    assert sidecar.metric("sidecar_circuit_state", route="default", tool="/") == 2
     proceed.set()
     response = await asyncio.wait_for(waiting, timeout=5)
 

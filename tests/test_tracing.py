@@ -13,6 +13,7 @@ from aiohttp import web
 from sidecar.config import ConfigError, load_settings
 from sidecar.serve.app import HOOKS, create_admin_app, create_app
 from tests.otlp import ReceivedSpan, Receiver, start_receiver
+from tests.test_hedging import hedged_tool
 
 AGENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 AGENT_SPAN = "00f067aa0ba902b7"
@@ -322,3 +323,25 @@ async def test_a_trace_sampled_out_exports_nothing_but_still_reaches_the_tool(
     version, trace_id, span_id, flags = tool.seen[0].headers["traceparent"].split("-")
     assert (version, trace_id, flags) == ("00", AGENT_TRACE, "00")
     assert span_id != AGENT_SPAN
+
+
+async def test_a_hedge_is_its_own_client_span_and_the_loser_is_marked_cancelled(
+    receiver, make_tool, make_sidecar
+):
+    tool, slow = await hedged_tool(make_tool)
+    sidecar = await make_sidecar(tool, hedge_after_ms=50)
+
+    answer = await sidecar.client.get("/search")
+    assert answer.status == 200
+    await asyncio.wait_for(slow.first_dropped.wait(), timeout=5)
+    await exported(sidecar)
+
+    server = only_server_span(receiver)
+    first, hedge = receiver.children_of(server)
+    assert [span.attributes["sidecar.attempt"] for span in (first, hedge)] == [1, 2]
+    assert first.attributes["sidecar.hedge.cancelled"] is True
+    assert hedge.attributes["sidecar.hedge"] is True
+    assert hedge.attributes["http.response.status_code"] == 200
+    assert ("hedge.finished", {"sidecar.hedge.result": "won"}) in [
+        (name, attributes) for name, _, attributes in server.events
+    ]

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from sidecar.config.model import Tuning as Tuning
     from sidecar.config.routes import resolve_routes as resolve_routes
     from sidecar.config.values import REPAIR_LEVELS as REPAIR_LEVELS
+    from sidecar.config.values import CircuitScope as CircuitScope
     from sidecar.config.values import JitterMode as JitterMode
     from sidecar.config.values import RepairLevel as RepairLevel
     from sidecar.config.values import ReplayMode as ReplayMode
@@ -54,6 +55,7 @@ _HOMES = {
     "Tuning": "model",
     "resolve_routes": "routes",
     "REPAIR_LEVELS": "values",
+    "CircuitScope": "values",
     "JitterMode": "values",
     "RepairLevel": "values",
     "ReplayMode": "values",

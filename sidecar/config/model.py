@@ -33,7 +33,7 @@ from pydantic_settings import (
 from yarl import URL
 
 from sidecar.config.sources import settings_sources
-from sidecar.config.values import JitterMode, RepairLevel, ReplayMode
+from sidecar.config.values import CircuitScope, JitterMode, RepairLevel, ReplayMode
 
 ENV_PREFIX = "SIDECAR_"
 DEFAULT_ROUTE_NAME = "default"
@@ -111,6 +111,8 @@ class Tuning(BaseModel):
     circuit_window_ms: DurationMs = Field(30000, gt=0)
     circuit_open_ms: DurationMs = Field(30000, gt=0)
     circuit_half_open_probes: Count = Field(3, ge=1)
+    circuit_scope: CircuitScope = "tool"
+    hedge_after_ms: DurationMs = 0
     idempotency_header: str = "Idempotency-Key"
     repair: RepairLevel = "auto"
     llm_max_repairs: Count = 2
@@ -138,7 +140,7 @@ class Tuning(BaseModel):
         # YAML reads an unquoted ``off`` as false; in these two settings it is the word.
         return "off" if value is False else value
 
-    @field_validator("repair", "backoff_jitter", mode="before")
+    @field_validator("repair", "backoff_jitter", "circuit_scope", mode="before")
     @classmethod
     def _lowercase_word(cls, value: Any) -> Any:
         return value.lower() if isinstance(value, str) else value

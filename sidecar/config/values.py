@@ -11,5 +11,6 @@ from typing import Literal
 JitterMode = Literal["full", "equal", "decorrelated", "none"]
 RepairLevel = Literal["off", "deterministic", "auto"]
 ReplayMode = Literal["safe", "always"]
+CircuitScope = Literal["tool", "route"]
 # Lowest first: a request may only move its route's level towards the front.
 REPAIR_LEVELS: tuple[RepairLevel, ...] = ("off", "deterministic", "auto")

@@ -52,6 +52,10 @@ class Repairs:
         self._llm = llm
         self._hooks = hooks
 
+    def path_template(self, route: str, method: str, path: str) -> str | None:
+        """The OpenAPI path template ``method path`` matched in the route's schema, if any."""
+        return self._schemas.path_template(route, method, path)
+
     def prepare(self, route: str, method: str, path: str, payload: Payload, level: str) -> Payload:
         """The agent's payload coerced to the route's schema before the first attempt."""
         if level == "off":
@@ -136,9 +140,7 @@ class Repairs:
             method=job.method,
             route=job.route,
             path=job.path,
-            path_template=(
-                self._schemas.path_template(job.route, job.method, job.path) or job.path
-            ),
+            path_template=(self.path_template(job.route, job.method, job.path) or job.path),
             status=job.reply.status,
             failure=job.reply.failure,
             body_text=job.reply.text,

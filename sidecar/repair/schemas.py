@@ -70,7 +70,7 @@ class _Operation:
     template: str
     pattern: re.Pattern[str]
     literal_segments: int
-    body_schema: dict[str, Any]
+    body_schema: dict[str, Any] | None  # its JSON request body's, when it takes one
 
 
 class RouteSchema:
@@ -109,9 +109,9 @@ class RouteSchema:
                 continue
             for method in _METHODS:
                 operation = item.get(method)
-                schema = _json_body_schema(operation, document)
-                if schema is None:
+                if not isinstance(operation, dict):
                     continue
+                schema = _json_body_schema(operation, document)
                 for base in base_paths:
                     self._operations.setdefault(method, []).append(
                         _Operation(

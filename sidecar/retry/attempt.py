@@ -23,6 +23,7 @@ class Result:
     error: AttemptError | None = None  # else: what the last attempt ran into
     error_reason: str | None = None  # ... in more words, when there are more to say
     circuit_open_for_s: float | None = None  # else: the circuit refused to try at all
+    tool: str = ""  # ... the tool whose circuit or cooldown it was ("": the whole route)
     repaired: tuple[str, ...] = ()  # the layers that changed the body behind ``answer``
 
 

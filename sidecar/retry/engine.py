@@ -18,7 +18,9 @@ from sidecar.ids import idempotency_key
 from sidecar.outcomes import AttemptError, Outcome, Wait
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
+from sidecar.retry import cooldowns
 from sidecar.retry.attempt import Attempt, Result, carrying, judge, seconds_token
+from sidecar.retry.call import describe
 from sidecar.retry.classify import Action
 from sidecar.retry.controls import RequestControls
 from sidecar.retry.decide import (
@@ -33,12 +35,11 @@ from sidecar.retry.decide import (
 from sidecar.retry.guards.circuit import Ticket
 from sidecar.retry.guards.fleet import StateStore
 from sidecar.retry.guards.route import RouteGuards
-from sidecar.retry.policy import Limits, plan_cooldown
-from sidecar.retry.replay import mcp_call, safe_to_repeat
-from sidecar.retry.waits import requested_wait
+from sidecar.retry.hedge import Copy, Hedging
+from sidecar.retry.policy import Limits
 from sidecar.telemetry import Hooks
-from sidecar.transport.exchange import Answer, UpstreamRequest, exchange
-from sidecar.transport.pool import Pool
+from sidecar.transport.exchange import Answer, UpstreamRequest, read_for_decision, send
+from sidecar.transport.pool import Pool, Response
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
@@ -65,12 +66,7 @@ class Engine:
         self.inspect_limit = inspect_limit
         self.sleep = sleep
         self.clock = clock
-        self.guards = {
-            route.name: RouteGuards.for_route(
-                route, clock, state.for_route(route) if state is not None else None
-            )
-            for route in routes
-        }
+        self.guards = {route.name: RouteGuards.for_route(route, clock, state) for route in routes}
 
     async def run(
         self,
@@ -107,21 +103,11 @@ class _Run:
         self.controls = controls
         self.limits = Limits(controls.max_retries, self.tuning.max_retry_after_ms / 1000)
         self.deadline = self.clock() + controls.timeout_s
-        self.path = request.url.path
-        # The sidecar's own idempotency header; "" when it is off or the agent sent a key.
-        header = self.tuning.idempotency_header
-        self.own_key = "" if header in request.headers else header
-        # JSON-RPC method and tool of the call, when it is one (MCP speaks JSON-RPC).
-        self.rpc = mcp_call(payload.body) if payload is not None else None
-        self.replay_safe = self.tuning.replay_delivered == "always" or safe_to_repeat(
-            request.method,
-            request.headers,
-            key_header=header,
-            route_idempotent=route.idempotent,
-            mcp_tool_safe=self.rpc is not None
-            and self.rpc[0] == "tools/call"
-            and self.guards.mcp_tools.is_safe(self.rpc[1]),
-        )
+        call = describe(route, request, payload, self.guards, engine.repairs.path_template)
+        self.path, self.rpc, self.own_key = call.path, call.rpc, call.own_key
+        self.safe_to_repeat = call.safe_to_repeat
+        self.replay_safe = self.tuning.replay_delivered == "always" or call.safe_to_repeat
+        self.tool, self.tool_guards = self.guards.tool(call.tool)
         self.request = request
         self.payload = payload
         self.sent_payloads: list[Payload] = []
@@ -133,32 +119,55 @@ class _Run:
         self.attempts = 0
         self.retries = 0
         self.previous_wait: float | None = None
+        self.hedging = self._hedging() if self.tuning.hedge_after_ms else None
+
+    def _hedging(self) -> Hedging | None:
+        """Hedged attempts, for a call that is safe to run twice and whose body is held."""
+        if not self.safe_to_repeat or self.payload is None:
+            return None
+        return Hedging(
+            self._start_copy,
+            self.engine.pool,
+            after_s=self.tuning.hedge_after_ms / 1000,
+            budget=self.guards.budget,
+            hooks=self.hooks,
+            route=self.route.name,
+            clock=self.clock,
+            trail=self.trail,
+        )
 
     async def run(self) -> Result:
         self.guards.budget.record_request()
-        admitted = self.guards.circuit.admit()
-        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
+        circuit = self.tool_guards.circuit
+        admitted = circuit.admit()
+        self.hooks.circuit_state(self.route.name, circuit.state, self.tool)
         if not isinstance(admitted, Ticket):
-            self.hooks.circuit_refused(self.route.name)
+            self.hooks.circuit_refused(self.route.name, self.tool)
             self.trail.append("circuit_open")
-            return Result(Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=admitted)
+            return self._refused(admitted)
         try:
             refused = await self._wait_out_cooldown(None)
             if refused is not None:
-                self.guards.circuit.abandon(admitted)
+                circuit.abandon(admitted)
                 return refused
             self._prepare()
             result, last = await self._loop(admitted)
         except asyncio.CancelledError:
             # The agent went away during an attempt, a repair or a wait.
-            self.guards.circuit.abandon(admitted)
+            circuit.abandon(admitted)
             if self.last_answer is not None:
                 self.last_answer.discard()
             raise
         failed = last.verdict.is_failure and result.outcome not in (Outcome.OK, Outcome.RECOVERED)
-        await self.guards.record(admitted, failed, self.tuning.circuit_window_ms / 1000)
-        self.hooks.circuit_state(self.route.name, self.guards.circuit.state)
+        await self.tool_guards.record(admitted, failed, self.tuning.circuit_window_ms / 1000)
+        self.hooks.circuit_state(self.route.name, circuit.state, self.tool)
         return result
+
+    def _refused(self, open_for_s: float) -> Result:
+        """``CIRCUIT_OPEN`` before any attempt: the tool is not to be called for a while."""
+        return Result(
+            Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=open_for_s, tool=self.tool
+        )
 
     async def _wait_out_cooldown(self, last: Attempt | None) -> Result | None:
         """Wait until the fleet's cooldown of the tool ends, before the next attempt.
@@ -166,28 +175,24 @@ class _Run:
         When the request cannot wait that long, a result: the tool's last answer, or, before
         any attempt, ``CIRCUIT_OPEN`` with the time left.
         """
-        fleet = self.guards.fleet
+        fleet = self.tool_guards.fleet
         if fleet is None:
             return None
-        # Looked up again after each wait: while this request slept, the tool may have
-        # started a new cooldown that another replica has published.
-        while (cooldown_s := await fleet.cooldown_s(self.path)) > 0:
-            plan = plan_cooldown(
-                cooldown_s=cooldown_s,
-                limits=self.limits,
-                backoff=self.guards.backoff,
-                time_left_s=self.deadline - self.clock(),
-            )
-            if isinstance(plan, Outcome):
-                break
-            self.trail.append(f"{plan.source}={seconds_token(plan.seconds)}")
-            await self.engine.sleep(plan.seconds)
-        else:
+        stopped = await cooldowns.wait_out(
+            fleet,
+            self.path,
+            limits=self.limits,
+            backoff=self.guards.backoff,
+            time_left_s=lambda: self.deadline - self.clock(),
+            sleep=self.engine.sleep,
+            trail=self.trail,
+        )
+        if stopped is None:
             return None
-        self.trail.append(f"cooldown={seconds_token(cooldown_s)} stop={plan.value}")
+        cooldown_s, outcome = stopped
         if last is None:
-            return Result(Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=cooldown_s)
-        return self._result(plan, last, paused_for_s=cooldown_s)
+            return self._refused(cooldown_s)
+        return self._result(outcome, last, paused_for_s=cooldown_s)
 
     async def _loop(self, ticket: Ticket) -> tuple[Result, Attempt]:
         """Attempts until one step ends the request; the result and the last attempt."""
@@ -198,10 +203,11 @@ class _Run:
                 return step, attempt
             if isinstance(step, Wait):
                 await self.engine.sleep(step.seconds)
-            if not self.guards.circuit.allows_more(ticket):
+            circuit = self.tool_guards.circuit
+            if not circuit.allows_more(ticket):
                 # The circuit opened meanwhile: what this request has is what it returns.
                 self.trail.append("circuit_open")
-                open_for_s = self.guards.circuit.open_for_s()
+                open_for_s = circuit.open_for_s()
                 return self._result(_stopped_by(attempt), attempt, open_for_s), attempt
             refused = await self._wait_out_cooldown(attempt)
             if refused is not None:
@@ -230,29 +236,34 @@ class _Run:
         self.request = carrying(self.request, payload, self.own_key)
 
     async def _attempt(self) -> Attempt:
-        """Send the request once, read what matters of the answer, and judge it."""
-        self.attempts += 1
-        per_try = min(self.tuning.per_try_timeout_ms / 1000, self.deadline - self.clock())
-        request = self.hooks.attempt_started(self.attempts, self.request)
-        started = self.clock()
-        result = await exchange(
-            self.engine.pool,
-            request,
-            per_try,
-            self.engine.inspect_limit,
-            self.tuning.inspect_timeout_ms / 1000,
+        """Send the request (hedged when it may be), read what matters of the answer that
+        came first, and judge it."""
+        if self.hedging is not None:
+            copy, sent = await self.hedging.send()
+        else:
+            copy, request = self._start_copy()
+            sent = await send(self.engine.pool, request, copy.per_try_s)
+        result = (
+            await read_for_decision(
+                self.request.method,
+                sent,
+                self.engine.inspect_limit,
+                self.tuning.inspect_timeout_ms / 1000,
+            )
+            if isinstance(sent, Response)
+            else sent
         )
         attempt = judge(result, self.tuning.retry_on_status)
-        attempt.cut_by_deadline = per_try < self.tuning.per_try_timeout_ms / 1000
+        attempt.cut_by_deadline = copy.per_try_s < self.tuning.per_try_timeout_ms / 1000
         if self.rpc is not None and self.rpc[0] == "tools/list" and attempt.verdict.success:
             # Which tools a relayed ``tools/list`` result marks safe to repeat.
             assert isinstance(result, Answer)
             self.guards.mcp_tools.learn(result.document())
         self.hooks.attempt_finished(
             self.route.name,
-            self.attempts,
+            copy.number,
             attempt.label,
-            self.clock() - started,
+            self.clock() - copy.started,
             attempt.reply.failure if attempt.reply else None,
         )
         if self.unjudged_layer is not None:
@@ -264,26 +275,15 @@ class _Run:
                 self.last_answer.discard()
             self.last_answer, self.answered_payload = result, self.payload
         if not attempt.verdict.success:
-            await self._learn_requested_wait(attempt)
+            await cooldowns.learn_requested_wait(attempt, self.tool_guards.fleet, self.path)
         return attempt
 
-    async def _learn_requested_wait(self, attempt: Attempt) -> None:
-        """Read the wait a failed attempt's answer asks for; tell the fleet when it shares.
-
-        A header's wait (``Retry-After``, ``RateLimit-Reset``) is the tool's word on the
-        whole route; a wait in the envelope answers this call, so it holds for its path.
-        """
-        if not isinstance(attempt.result, Answer) or attempt.reply is None:
-            return
-        headers, failure, now = attempt.result.response.headers, attempt.reply.failure, time.time()
-        attempt.requested_s = requested_wait(headers, None, now)
-        if attempt.requested_s is None and failure is not None:
-            attempt.requested_s = requested_wait({}, failure, now)
-            attempt.path_scoped = True
-        fleet = self.guards.fleet
-        if fleet is not None and attempt.requested_s is not None:
-            path = self.path if attempt.path_scoped else None
-            await fleet.publish_cooldown(attempt.requested_s, path)
+    def _start_copy(self, hedge: bool = False) -> tuple[Copy, UpstreamRequest]:
+        """A new attempt's record, and its request as it must go upstream."""
+        self.attempts += 1
+        per_try = min(self.tuning.per_try_timeout_ms / 1000, self.deadline - self.clock())
+        request = self.hooks.attempt_started(self.attempts, self.request, hedge=hedge)
+        return Copy(self.attempts, self.clock(), per_try, hedge), request
 
     async def _next_step(self, attempt: Attempt) -> Result | Wait | None:
         """What follows an attempt: a result to return, a wait, or (``None``) a repaired
@@ -386,7 +386,7 @@ class _Run:
         result = Result(outcome, self.attempts, self.trail, self.last_answer, error)
         result.error_reason, result.repaired = last.error_reason, layers
         if paused_for_s is not None and self.last_answer is None and error is None:
-            result.circuit_open_for_s = paused_for_s
+            result.circuit_open_for_s, result.tool = paused_for_s, self.tool
         return result
 
 

@@ -187,14 +187,18 @@ def shutdown_response(headers: Mapping[str, str]) -> web.Response:
 
 
 def circuit_open_response(
-    open_for_s: float, headers: Mapping[str, str] | None = None
+    open_for_s: float, tool: str = "", headers: Mapping[str, str] | None = None
 ) -> web.Response:
-    """The answer while a route's circuit is open: try again when the probe is due."""
+    """The answer while a tool's circuit is open (``tool`` ``""``: the whole route's): try
+    again when the probe is due."""
     retry_after = str(max(1, math.ceil(open_for_s)))
+    details = {"retry_after_s": retry_after}
+    if tool:
+        details["tool"] = tool
     return error_response(
         CIRCUIT_OPEN,
         "the tool has been failing; calls are paused until a probe succeeds",
-        {"retry_after_s": retry_after},
+        details,
         {**(headers or {}), "Retry-After": retry_after},
     )
 

@@ -259,7 +259,7 @@ class Proxy:
             response.force_close()
             return response
         if result.circuit_open_for_s is not None:
-            return answers.circuit_open_response(result.circuit_open_for_s, report)
+            return answers.circuit_open_response(result.circuit_open_for_s, result.tool, report)
         assert result.error is not None
         if result.error.local:
             self._hooks.sidecar_overloaded(route, result.error.value)

@@ -26,6 +26,7 @@ from sidecar.telemetry.events import (
     CircuitRefused,
     CircuitState,
     Event,
+    HedgeFinished,
     LlmReask,
     LlmRequest,
     PayloadRepaired,
@@ -122,15 +123,16 @@ class Hooks:
         _current.set(request)
         self._emit(RequestReceived(route, method, headers, request))
 
-    def attempt_started(self, attempt: int, request: _Request) -> _Request:
+    def attempt_started(self, attempt: int, request: _Request, *, hedge: bool = False) -> _Request:
         """Attempt ``attempt`` is about to be sent: ``request`` as it must go upstream,
         with the headers a sink asked for (its trace context); with none, exactly as given.
+        A ``hedge`` is a copy of the attempt before it, which is still waiting.
         """
         current = _current.get()
         if current is not None:
             current.attempt = attempt
         if self._handlers[AttemptStarted]:  # only traces want it: with tracing off, no event
-            self._emit(AttemptStarted(attempt, current))
+            self._emit(AttemptStarted(attempt, current, hedge))
         headers = current.upstream_headers if current is not None else None
         if not headers:
             return request
@@ -225,13 +227,18 @@ class Hooks:
         (no free upstream connection) or ``fd_exhausted``."""
         self._emit(SidecarOverloaded(route or "", reason, _of(route)))
 
-    def circuit_state(self, route: str, state_now: int) -> None:
-        """The route's circuit breaker is in ``state_now`` (0 closed, 1 half-open, 2 open)."""
-        self._emit(CircuitState(route, state_now))
+    def circuit_state(self, route: str, state_now: int, tool: str = "") -> None:
+        """The circuit breaker of the route's ``tool`` (``""``: the whole route's) is in
+        ``state_now`` (0 closed, 1 half-open, 2 open)."""
+        self._emit(CircuitState(route, state_now, tool))
 
-    def circuit_refused(self, route: str) -> None:
-        """The route's open circuit refused a request without trying the tool."""
-        self._emit(CircuitRefused(route, _of(route)))
+    def circuit_refused(self, route: str, tool: str = "") -> None:
+        """The open circuit of the route's ``tool`` refused a request without trying it."""
+        self._emit(CircuitRefused(route, _of(route), tool))
+
+    def hedge_finished(self, route: str, result: str) -> None:
+        """A hedged attempt's race ended: ``won``, ``lost`` or ``unanswered`` (the copy's)."""
+        self._emit(HedgeFinished(route, result, _of(route)))
 
     def state_error(self, op: str, error: BaseException) -> None:
         """A call to the fleet state store failed; the request went on with local state."""

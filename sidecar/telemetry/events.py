@@ -67,10 +67,12 @@ class RequestReceived(Event):
 @dataclass(frozen=True, slots=True)
 class AttemptStarted(Event):
     """Attempt ``attempt`` is about to be sent upstream; a sink may ask it to carry headers
-    (``request.upstream_headers``)."""
+    (``request.upstream_headers``). A ``hedge`` goes while the attempt before it is still
+    waiting for its answer."""
 
     attempt: int
     request: Request | None
+    hedge: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,18 +212,31 @@ class SidecarOverloaded(Event):
 
 @dataclass(frozen=True, slots=True)
 class CircuitState(Event):
-    """The route's circuit breaker is in ``state`` (0 closed, 1 half-open, 2 open): after
-    it admitted a request or refused it, and after it recorded a request's verdict."""
+    """The circuit breaker of the route's ``tool`` (``""``: the whole route's) is in
+    ``state`` (0 closed, 1 half-open, 2 open): after it admitted a request or refused it,
+    and after it recorded a request's verdict."""
 
     route: str
     state: int
+    tool: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class CircuitRefused(Event):
-    """The route's open circuit refused a request without trying the tool."""
+    """The open circuit of the route's ``tool`` refused a request without trying it."""
 
     route: str
+    request: Request | None
+    tool: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HedgeFinished(Event):
+    """A hedged attempt's race ended: the copy answered first (``won``), the attempt it
+    copied did (``lost``), or neither answered (``unanswered``)."""
+
+    route: str
+    result: str
     request: Request | None
 
 

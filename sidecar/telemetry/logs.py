@@ -28,7 +28,7 @@ from sidecar.telemetry.events import (
 )
 from sidecar.tool.envelopes import ToolFailure
 
-# An open circuit refuses every request at once: one line per route per interval, with
+# An open circuit refuses every request at once: one line per tool per interval, with
 # the number refused, says as much as thousands of lines would.
 CIRCUIT_REFUSALS_INTERVAL_S = 10.0
 _CIRCUIT_CLOSED = 0
@@ -73,7 +73,7 @@ class LogSink(Sink):
         self.log = structlog.get_logger("sidecar")
         self._access_log = access_log
         self._clock = clock
-        self._refusals: dict[str, _Throttle] = {}
+        self._refusals: dict[tuple[str, str], _Throttle] = {}
         self._overloads = _Throttle(_OVERLOAD_LOG_INTERVAL_S)
         self._state_errors = _Throttle(_OVERLOAD_LOG_INTERVAL_S, clock)
 
@@ -158,24 +158,24 @@ class LogSink(Sink):
     def circuit_state(self, event: CircuitState) -> None:
         """Once the circuit closes, the refusals not yet logged are (half-open, it still
         refuses)."""
-        refusals = self._refusals.get(event.route)
+        refusals = self._refusals.get((event.route, event.tool))
         if event.state == _CIRCUIT_CLOSED and refusals is not None:
-            self._log_refusals(event.route, refusals.flush())
+            self._log_refusals(event.route, event.tool, refusals.flush())
 
     def circuit_refused(self, event: CircuitRefused) -> None:
-        """One ``circuit_refusals`` line with the number refused since the route's previous
+        """One ``circuit_refusals`` line with the number refused since the tool's previous
         line: at once for the first, then at most every ``CIRCUIT_REFUSALS_INTERVAL_S``.
         Each request is still counted in ``sidecar_requests_total``."""
-        refusals = self._refusals.get(event.route)
+        key = (event.route, event.tool)
+        refusals = self._refusals.get(key)
         if refusals is None:
-            refusals = self._refusals[event.route] = _Throttle(
-                CIRCUIT_REFUSALS_INTERVAL_S, self._clock
-            )
-        self._log_refusals(event.route, refusals.count())
+            refusals = self._refusals[key] = _Throttle(CIRCUIT_REFUSALS_INTERVAL_S, self._clock)
+        self._log_refusals(event.route, event.tool, refusals.count())
 
-    def _log_refusals(self, route: str, count: int) -> None:
+    def _log_refusals(self, route: str, tool: str, count: int) -> None:
         if count:
-            self.log.warning("circuit_refusals", route=route, count=count)
+            named = {"tool": tool} if tool else {}
+            self.log.warning("circuit_refusals", route=route, **named, count=count)
 
     def request_finished(self, event: RequestFinished) -> None:
         fields = {

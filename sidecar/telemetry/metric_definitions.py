@@ -67,7 +67,7 @@ class Metrics:
         )
         self.upstream_attempts = Counter(
             "sidecar_upstream_attempts_total",
-            "Attempts sent upstream, by status code or 'error'",
+            "Attempts sent upstream, by status code, 'error' or 'cancelled' (lost a hedge race)",
             ["route", "status"],
             registry=registry,
         )
@@ -145,6 +145,12 @@ class Metrics:
         self.circuit_state = Gauge(
             "sidecar_circuit_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open",
-            ["route"],
+            ["route", "tool"],
+            registry=registry,
+        )
+        self.hedges = Counter(
+            "sidecar_hedges_total",
+            "Hedged attempts, by which copy answered first: won (the hedge), lost, unanswered",
+            ["route", "result"],
             registry=registry,
         )

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from sidecar.outcomes import CANCELLED_ATTEMPT
 from sidecar.telemetry.contract import Sink
 from sidecar.telemetry.events import (
     AttemptFinished,
     BudgetExhausted,
     CircuitState,
+    HedgeFinished,
     LlmReask,
     LlmRequest,
     RepairedRetry,
@@ -51,7 +53,8 @@ class MetricsSink(Sink):
         self._child(self.metrics.in_flight, event.route).inc()
 
     def attempt_finished(self, event: AttemptFinished) -> None:
-        status_label = event.label if event.label.isdigit() else "error"
+        label = event.label
+        status_label = label if label.isdigit() or label == CANCELLED_ATTEMPT else "error"
         self._child(self.metrics.upstream_attempts, event.route, status_label).inc()
         self._child(self.metrics.upstream_duration, event.route).observe(
             event.duration_s, _exemplar(event.request)
@@ -91,7 +94,10 @@ class MetricsSink(Sink):
         self._child(self.metrics.state_errors, event.op).inc()
 
     def circuit_state(self, event: CircuitState) -> None:
-        self._child(self.metrics.circuit_state, event.route).set(event.state)
+        self._child(self.metrics.circuit_state, event.route, event.tool).set(event.state)
+
+    def hedge_finished(self, event: HedgeFinished) -> None:
+        self._child(self.metrics.hedges, event.route, event.result).inc()
 
     def request_finished(self, event: RequestFinished) -> None:
         if event.matched:

@@ -10,7 +10,7 @@ a URL.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
@@ -19,12 +19,14 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from sidecar import __version__
+from sidecar.outcomes import CANCELLED_ATTEMPT
 from sidecar.telemetry.contract import Sink
 from sidecar.telemetry.events import (
     AttemptFinished,
     AttemptStarted,
     BudgetExhausted,
     CircuitRefused,
+    HedgeFinished,
     LlmRequest,
     PayloadRepaired,
     RepairedRetry,
@@ -46,8 +48,9 @@ class _Spans:
     """A request's open spans, kept on its ``Request`` from its first event to its last."""
 
     server: Span
-    # The last attempt's span and when it ended, until what followed it is known.
-    attempt: tuple[Span, int | None] | None = None
+    # Each attempt's span and when it ended, by attempt number, until what followed it is
+    # known: one at a time, two while a hedge races the attempt it copies.
+    attempts: dict[int, tuple[Span, int | None]] = field(default_factory=dict)
     repair: Span | None = None
     # A repair after a failed attempt awaits its payload's answer.
     feedback: bool = False
@@ -88,20 +91,22 @@ class TraceSink(Sink):
         spans = _spans(request)
         if request is None or spans is None:
             return
-        _end_attempt(spans)
+        _end_attempts(spans, racing=event.hedge)
         attributes: dict[str, Any] = {
             "http.request.method": _method(request.method),
             "sidecar.attempt": event.attempt,
         }
         if event.attempt > 1:
             attributes["http.request.resend_count"] = event.attempt - 1
+        if event.hedge:
+            attributes["sidecar.hedge"] = True
         span = self._tracer.start_span(
             _method(request.method),
             context=trace.set_span_in_context(spans.server),
             kind=SpanKind.CLIENT,
             attributes=attributes,
         )
-        spans.attempt = (span, None)
+        spans.attempts[event.attempt] = (span, None)
         carrier: dict[str, str] = {}
         self._propagator.inject(carrier, context=trace.set_span_in_context(span))
         request.upstream_headers = carrier
@@ -109,10 +114,16 @@ class TraceSink(Sink):
     def attempt_finished(self, event: AttemptFinished) -> None:
         request = event.request
         spans = _spans(request)
-        if request is None or spans is None or spans.attempt is None:
+        if request is None or spans is None or event.attempt not in spans.attempts:
             return
-        span = spans.attempt[0]
+        span = spans.attempts[event.attempt][0]
         label = event.label
+        if label == CANCELLED_ATTEMPT:
+            # The copy racing it answered first: nothing follows this one.
+            span.set_attribute("sidecar.hedge.cancelled", True)
+            span.end()
+            del spans.attempts[event.attempt]
+            return
         if label.isdigit():
             span.set_attribute("http.response.status_code", int(label))
             if int(label) >= 400:
@@ -128,14 +139,14 @@ class TraceSink(Sink):
             ):
                 if value:
                     span.set_attribute(name, value)
-        spans.attempt = (span, time.time_ns())
+        spans.attempts[event.attempt] = (span, time.time_ns())
         request.exemplar = _exemplar(span)
 
     def retry_scheduled(self, event: RetryScheduled) -> None:
         spans = _spans(event.request)
         if spans is None:
             return
-        _end_attempt(spans, event.reason)
+        _end_attempts(spans, event.reason)
         spans.server.add_event(
             "retry.wait",
             {
@@ -148,7 +159,7 @@ class TraceSink(Sink):
     def repaired_retry(self, event: RepairedRetry) -> None:
         spans = _spans(event.request)
         if spans is not None:
-            _end_attempt(spans, "repaired", event.layer)
+            _end_attempts(spans, "repaired", event.layer)
 
     def repair_started(self, event: RepairStarted) -> None:
         spans = _spans(event.request)
@@ -246,7 +257,10 @@ class TraceSink(Sink):
         _server_event(event.request, "retry_budget.exhausted", {})
 
     def circuit_refused(self, event: CircuitRefused) -> None:
-        _server_event(event.request, "circuit.refused", {})
+        _server_event(event.request, "circuit.refused", {"sidecar.tool": event.tool})
+
+    def hedge_finished(self, event: HedgeFinished) -> None:
+        _server_event(event.request, "hedge.finished", {"sidecar.hedge.result": event.result})
 
     def sidecar_overloaded(self, event: SidecarOverloaded) -> None:
         _server_event(
@@ -259,7 +273,7 @@ class TraceSink(Sink):
         if request is None or spans is None:
             return
         request.spans = None
-        _end_attempt(spans)
+        _end_attempts(spans)
         if spans.repair is not None:
             spans.repair.end()
         server = spans.server
@@ -279,17 +293,20 @@ class TraceSink(Sink):
         server.end()
 
 
-def _end_attempt(spans: _Spans, reason: str = "", layer: str = "") -> None:
-    """The last attempt's span, ended when its answer was, with what followed it."""
-    pending, spans.attempt = spans.attempt, None
-    if pending is None:
-        return
-    span, ended = pending
-    if reason:
-        span.set_attribute("sidecar.retry.reason", reason)
-    if layer:
-        span.set_attribute("sidecar.repair.layer", layer)
-    span.end(end_time=ended)
+def _end_attempts(
+    spans: _Spans, reason: str = "", layer: str = "", *, racing: bool = False
+) -> None:
+    """The attempts' spans, each ended when its answer was, with what followed them;
+    ``racing`` keeps the one still waiting for its answer, which a hedge now races."""
+    for number, (span, ended) in list(spans.attempts.items()):
+        if racing and ended is None:
+            continue
+        del spans.attempts[number]
+        if reason:
+            span.set_attribute("sidecar.retry.reason", reason)
+        if layer:
+            span.set_attribute("sidecar.repair.layer", layer)
+        span.end(end_time=ended)
 
 
 def _server_event(request: Request | None, name: str, attributes: dict[str, Any]) -> None:

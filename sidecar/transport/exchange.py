@@ -142,9 +142,20 @@ async def exchange(
     slow body. Reading what a decision needs gets ``inspect_timeout_s``; past it the
     answer goes to the agent as it is and the rest streams.
     """
+    sent = await send(pool, request, timeout_s)
+    if not isinstance(sent, Response):
+        return sent
+    return await read_for_decision(request.method, sent, inspect_limit, inspect_timeout_s)
+
+
+async def send(
+    pool: Pool, request: UpstreamRequest, timeout_s: float
+) -> Response | AttemptError | Malformed:
+    """The first half of an attempt: the request sent and its answer's head received,
+    within ``timeout_s``. Cancelled, it closes its connection."""
     progress = Progress()
     try:
-        response = await pool.request(
+        return await pool.request(
             request.method, request.url, request.headers, request.body, progress, timeout_s
         )
     except TimeoutError:
@@ -153,10 +164,9 @@ async def exchange(
         return Malformed(str(exc))
     except (ConnectionBroken, OSError) as exc:
         return _attempt_error(progress, exc)
-    return await _inspect(request.method, response, inspect_limit, inspect_timeout_s)
 
 
-async def _inspect(
+async def read_for_decision(
     method: str, response: Response, limit: int, timeout_s: float
 ) -> Answer | AttemptError | Malformed:
     """The answer with as much of its body read as deciding on it needs.

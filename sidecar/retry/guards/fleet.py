@@ -4,11 +4,14 @@ Unset ``SIDECAR_STATE_URL`` keeps every guard in the process, as a single sideca
 Set, each route that has not opted out (``shared_state: false``) shares three things:
 
 * cooldowns — a wait the tool asked for, or an open circuit's remaining time, as a key
-  whose time to live is the wait: ``{prefix}{route}:cooldown`` for the whole route,
-  ``{prefix}{route}:cooldown:{path digest}`` for one path;
-* the circuit's failure-rate window — per-second counters ``{prefix}{route}:window:r:{s}``
+  whose time to live is the wait: ``{prefix}{route}:{tool}cooldown`` for the whole tool,
+  ``{prefix}{route}:{tool}cooldown:{path digest}`` for one path;
+* the circuit's failure-rate window — per-second counters ``{prefix}{route}:{tool}window:r:{s}``
   (requests) and ``...:f:{s}`` (failures) that expire with the window;
 * repair answers — ``{prefix}{route}:repair:{digest}``, redacted, with the local cache's TTL.
+
+``{tool}`` is ``tool:{tool digest}:`` with the ``tool`` circuit scope, and empty with the
+``route`` scope, where the route is one tool.
 
 The route's name is the Redis Cluster hash tag (``{route}``), so every key one request
 touches lives in one slot and each exchange is one pipelined round trip.
@@ -104,6 +107,12 @@ class StateStore:
         if not route.shared_state:
             return None
         return RouteState(self, f"{self._prefix}{{{route.name}}}:", self._clock)
+
+    def for_tool(self, route: RouteConfig, tool: str) -> RouteState:
+        """One tool's view of the store: its cooldowns and circuit window, beside its
+        route's keys (in the same hash slot); the route's own keys for ``""``."""
+        tool_part = f"tool:{_digest(tool)}:" if tool else ""
+        return RouteState(self, f"{self._prefix}{{{route.name}}}:{tool_part}", self._clock)
 
     def by_route(self, routes: Iterable[RouteConfig]) -> dict[str, RouteState]:
         """The view of each route that shares its state, by route name."""

@@ -1,14 +1,16 @@
-"""What a route remembers across requests: its budget, circuit, backoff and learned hints."""
+"""What a route remembers across requests: its budget, backoff, learned hints, and the
+guards of each of its tools."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar.config import RouteConfig
 from sidecar.retry.guards.budget import RetryBudget
-from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
-from sidecar.retry.guards.fleet import RouteState
+from sidecar.retry.guards.circuit import CircuitBreaker
+from sidecar.retry.guards.fleet import StateStore
+from sidecar.retry.guards.tools import MAX_TOOLS_PER_ROUTE, OVERFLOW_TOOL, ToolGuards
 from sidecar.retry.policy import Backoff
 from sidecar.retry.replay import McpToolHints
 
@@ -19,27 +21,22 @@ Clock = Callable[[], float]
 class RouteGuards:
     """What a route remembers across requests."""
 
+    route: RouteConfig
     budget: RetryBudget
-    circuit: CircuitBreaker
     backoff: Backoff
     mcp_tools: McpToolHints
-    fleet: RouteState | None = None  # what the route shares with its replicas, when it does
+    clock: Clock
+    store: StateStore | None = None  # the fleet's store, when the route shares its state
+    tools: dict[str, ToolGuards] = field(default_factory=dict)
 
     @classmethod
     def for_route(
-        cls, route: RouteConfig, clock: Clock, fleet: RouteState | None = None
+        cls, route: RouteConfig, clock: Clock, store: StateStore | None = None
     ) -> RouteGuards:
         tuning = route.tuning
         return cls(
+            route=route,
             budget=RetryBudget(tuning.retry_budget_ratio, tuning.retry_budget_min_per_s, clock),
-            circuit=CircuitBreaker(
-                min_failures=tuning.circuit_failures,
-                failure_rate=tuning.circuit_failure_rate,
-                window_s=tuning.circuit_window_ms / 1000,
-                open_s=tuning.circuit_open_ms / 1000,
-                probes=tuning.circuit_half_open_probes,
-                clock=clock,
-            ),
             backoff=Backoff(
                 base_s=tuning.backoff_base_ms / 1000,
                 cap_s=tuning.backoff_max_ms / 1000,
@@ -47,18 +44,31 @@ class RouteGuards:
                 jitter=tuning.backoff_jitter,
             ),
             mcp_tools=McpToolHints(),
-            fleet=fleet,
+            clock=clock,
+            store=store if route.shared_state else None,
         )
 
-    async def record(self, ticket: Ticket, failed: bool, window_s: float) -> None:
-        """A request's verdict into the circuit: the fleet's window when the route shares
-        one (the process's own when the store cannot answer); an opening circuit is
-        published as a cooldown."""
-        circuit, fleet = self.circuit, self.fleet
-        totals = None
-        if fleet is not None and circuit.counts(ticket):
-            totals = await fleet.count(failed, window_s)
-        was_open = circuit.state is CircuitState.OPEN
-        circuit.record(ticket, failed, totals)
-        if fleet is not None and circuit.state is CircuitState.OPEN and not was_open:
-            await fleet.publish_open(circuit.open_for_s(), window_s)
+    def tool(self, name: str) -> tuple[str, ToolGuards]:
+        """The guards of tool ``name``, made on its first call; past the cap, the overflow
+        tool's (its name is returned with them)."""
+        guards = self.tools.get(name)
+        if guards is not None:
+            return name, guards
+        if len(self.tools) >= MAX_TOOLS_PER_ROUTE:
+            name = OVERFLOW_TOOL
+            guards = self.tools.get(name)
+            if guards is not None:
+                return name, guards
+        tuning = self.route.tuning
+        guards = self.tools[name] = ToolGuards(
+            CircuitBreaker(
+                min_failures=tuning.circuit_failures,
+                failure_rate=tuning.circuit_failure_rate,
+                window_s=tuning.circuit_window_ms / 1000,
+                open_s=tuning.circuit_open_ms / 1000,
+                probes=tuning.circuit_half_open_probes,
+                clock=self.clock,
+            ),
+            self.store.for_tool(self.route, name) if self.store is not None else None,
+        )
+        return name, guards

@@ -1,0 +1,54 @@
+"""What a call is, as the loop needs to know before its first attempt: the tool it is for,
+whether running it twice is harmless, and whether the sidecar adds its own key."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sidecar.config import RouteConfig
+from sidecar.repair.payload import Payload
+from sidecar.retry.guards.route import RouteGuards
+from sidecar.retry.guards.tools import tool_of
+from sidecar.retry.replay import mcp_call, safe_to_repeat
+from sidecar.transport.exchange import UpstreamRequest
+
+# The OpenAPI path template a ``method path`` matched on a route, when its schema has one.
+PathTemplate = Callable[[str, str, str], str | None]
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    path: str  # without the query
+    rpc: tuple[str, str | None] | None  # its JSON-RPC method and tool, when it is one
+    own_key: str  # the sidecar's idempotency header; "" when off or the agent sent a key
+    # Safe to run twice by what the call is; ``replay_delivered: always`` replays the
+    # others too, but never hedges them.
+    safe_to_repeat: bool
+    tool: str  # whose circuit and cooldowns it goes by ("": the whole route's)
+
+
+def describe(
+    route: RouteConfig,
+    request: UpstreamRequest,
+    payload: Payload | None,
+    guards: RouteGuards,
+    path_template: PathTemplate,
+) -> Call:
+    path = request.url.path
+    header = route.tuning.idempotency_header
+    rpc = mcp_call(payload.body) if payload is not None else None
+    safe_tool = rpc is not None and rpc[0] == "tools/call" and guards.mcp_tools.is_safe(rpc[1])
+    safe = safe_to_repeat(
+        request.method,
+        request.headers,
+        key_header=header,
+        route_idempotent=route.idempotent,
+        mcp_tool_safe=safe_tool,
+    )
+    scope = route.tuning.circuit_scope
+    template = (
+        path_template(route.name, request.method, path) if scope == "tool" and rpc is None else None
+    )
+    own_key = "" if header in request.headers else header
+    return Call(path, rpc, own_key, safe, tool_of(scope, path, template, rpc))

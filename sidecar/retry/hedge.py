@@ -1,0 +1,176 @@
+"""Hedged attempts: one more copy of a slow call that is safe to repeat; the first answer
+head wins, and the other copy is cancelled, which closes its connection.
+
+Envoy (``hedge_on_per_try_timeout``), gRPC and Polly send a second copy after a delay
+without knowing whether running the call twice is harmless; the engine asks for a hedge
+only when it is (``replay.safe_to_repeat``) and the retry budget pays for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from sidecar.outcomes import CANCELLED_ATTEMPT, AttemptError
+from sidecar.retry.attempt import seconds_token
+from sidecar.retry.guards.budget import RetryBudget
+from sidecar.telemetry import Hooks
+from sidecar.transport.exchange import Malformed, UpstreamRequest, send
+from sidecar.transport.pool import Pool, Response
+
+Result = TypeVar("Result")
+
+
+@dataclass(frozen=True, slots=True)
+class Raced(Generic[Result]):
+    """What came back first, and whether a second copy went out at all."""
+
+    sent: Result
+    hedged: bool
+
+
+async def race(
+    send: Callable[[bool], Awaitable[Result]],
+    *,
+    after_s: float,
+    may_hedge: Callable[[], bool],
+    answered: Callable[[Result], bool],
+    dropped: Callable[[Result], None],
+) -> Raced[Result]:
+    """``send(False)``, and ``send(True)`` too when the first has not ended after
+    ``after_s`` and ``may_hedge()`` agrees (it is asked once, and pays for the copy).
+
+    The first copy to end ``answered`` wins. A copy that ended without an answer waits
+    for the other; when neither answers, the one that ended last is returned. Every
+    ended copy not returned goes to ``dropped``; a copy still running is cancelled.
+    """
+    first = asyncio.ensure_future(send(False))
+    running: list[asyncio.Future[Result]] = [first]
+    try:
+        done, _ = await asyncio.wait(running, timeout=after_s)
+        if done or not may_hedge():
+            return Raced(await first, hedged=False)
+        running.append(asyncio.ensure_future(send(True)))
+        return Raced(await _first_answered(running, answered, dropped), hedged=True)
+    finally:
+        cancelled = [copy for copy in running if copy.cancel()]
+        if cancelled:
+            # Each cancelled copy reports its end and closes its connection first.
+            await asyncio.wait(cancelled)
+
+
+async def _first_answered(
+    running: list[asyncio.Future[Result]],
+    answered: Callable[[Result], bool],
+    dropped: Callable[[Result], None],
+) -> Result:
+    """The first of ``running`` to end answered, else the last to end; ``running`` keeps
+    the copies not yet ended."""
+    unanswered: Result | None = None
+    while running:
+        done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        # Copies that ended together are taken in the order they were sent.
+        for copy in [copy for copy in running if copy in done]:
+            running.remove(copy)
+            sent = copy.result()
+            if unanswered is not None:
+                dropped(unanswered)
+            unanswered = sent
+            if answered(sent):
+                for other in [other for other in running if other.done()]:
+                    running.remove(other)
+                    dropped(other.result())
+                return sent
+    assert unanswered is not None
+    return unanswered
+
+
+@dataclass(frozen=True, slots=True)
+class Copy:
+    """One copy of a request as sent: an attempt of its own."""
+
+    number: int  # the attempt number it went as
+    started: float  # on the engine's clock
+    per_try_s: float  # its timeout until the answer's head
+    hedge: bool = False
+
+
+Sent = Response | AttemptError | Malformed
+Copied = tuple[Copy, Sent]
+# Tells the hooks a copy started (the request as it must go) and makes its record.
+StartCopy = Callable[[bool], tuple[Copy, UpstreamRequest]]
+
+
+class Hedging:
+    """One request's hedged attempts: when a copy may go, what it costs, how each ends."""
+
+    def __init__(
+        self,
+        start: StartCopy,
+        pool: Pool,
+        *,
+        after_s: float,
+        budget: RetryBudget,
+        hooks: Hooks,
+        route: str,
+        clock: Callable[[], float],
+        trail: list[str],
+    ) -> None:
+        self._start = start
+        self._pool = pool
+        self._after_s = after_s
+        self._budget = budget
+        self._hooks = hooks
+        self._route = route
+        self._clock = clock
+        self._trail = trail
+
+    async def send(self) -> Copied:
+        """The attempt's first answer head, or, when none came, what ended last."""
+        raced = await race(
+            self._copy,
+            after_s=self._after_s,
+            may_hedge=self._may_hedge,
+            answered=_answered,
+            dropped=self._dropped,
+        )
+        if raced.hedged:
+            won = "won" if raced.sent[0].hedge else "lost"
+            self._hooks.hedge_finished(self._route, won if _answered(raced.sent) else "unanswered")
+        return raced.sent
+
+    async def _copy(self, hedge: bool) -> Copied:
+        copy, request = self._start(hedge)
+        try:
+            return copy, await send(self._pool, request, copy.per_try_s)
+        except asyncio.CancelledError:
+            self._finished(copy, CANCELLED_ATTEMPT)
+            raise
+
+    def _may_hedge(self) -> bool:
+        """A copy is a retry sent early: the budget pays for it, or it does not go."""
+        if not self._budget.available():
+            return False
+        self._budget.spend()
+        self._trail.append(f"hedge={seconds_token(self._after_s)}")
+        return True
+
+    def _dropped(self, copied: Copied) -> None:
+        copy, sent = copied
+        if isinstance(sent, Response):
+            sent.close()
+            self._finished(copy, str(sent.status))
+        else:
+            error = AttemptError.MALFORMED if isinstance(sent, Malformed) else sent
+            self._finished(copy, error.value)
+
+    def _finished(self, copy: Copy, label: str) -> None:
+        self._hooks.attempt_finished(
+            self._route, copy.number, label, self._clock() - copy.started, None
+        )
+
+
+def _answered(copied: Copied) -> bool:
+    return isinstance(copied[1], Response)
