@@ -4,8 +4,9 @@ behind Envoy with its hedge policy.
     python bench/hedging.py [--calls 400] [--concurrency 4] [--multiples 1,1.5,2] [--out FILE]
 
 The tool (aiohttp, in this process) answers after ``--fast-ms``, or after ``--slow-ms`` on
-``--slow-ratio`` of the requests it receives, drawn per request from a seeded generator
-(the same draws for every row): a copy of a slow call is usually fast. Per row an agent
+``--slow-ratio`` of the calls: a seeded sample of that share of the call numbers is slow on
+its first request, and a copy is slow on a seeded draw of its own at the same ratio. Every
+row meets the same slow calls, and a copy of a slow call is usually fast. Per row an agent
 makes ``--calls`` calls, ``--concurrency`` at a time, through a fresh proxy. First straight
 to the tool, then through the sidecar with hedging off, whose p50 is the anchor: 95% of
 the calls are fast, so it is the fast calls' p50 through the sidecar. Then, for each of
@@ -39,7 +40,7 @@ import aiohttp
 import envoy
 import orjson
 from aiohttp import web
-from faults import agent_session, format_ms, percentile, proxy, sidecar_settings
+from faults import agent_session, counted, format_ms, percentile, proxy, sidecar_settings
 from multidict import CIMultiDictProxy
 from processes import Bench, free_port
 
@@ -52,31 +53,45 @@ P99_OVER_P50, CALLS_PER_CALL = 2.0, 1.15
 
 @dataclass
 class SlowSometimes:
-    """A read-only tool that is slow on ``slow_ratio`` of the requests it receives."""
+    """A read-only tool that is slow on ``slow_ratio`` of the calls it receives.
+
+    The calls slow on their first request are a seeded sample of exactly ``slow_ratio`` of
+    the ``calls`` numbers; a later request of a call (a copy) is slow on a draw of its own,
+    seeded with the call's number and its place: every row meets the same slow calls and
+    the same slow copies, however the requests interleave."""
 
     fast_s: float
     slow_s: float
     slow_ratio: float
+    calls: int
     seed: int = 20
     # Per agent call (the ``call`` query parameter): requests that reached the tool.
     received: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
-        self.restart()
+        sample = random.Random(self.seed).sample(range(self.calls), self.slow_calls)
+        self._slow_first = {str(number) for number in sample}
 
-    def restart(self) -> None:
-        """Every row meets the same sequence of draws."""
-        self._random = random.Random(self.seed)
+    @property
+    def slow_calls(self) -> int:
+        return round(self.calls * self.slow_ratio)
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_route("*", "/search", self._answer)
         return app
 
+    def is_slow(self, number: str, attempt: int) -> bool:
+        if attempt == 0:
+            return number in self._slow_first
+        return random.Random(f"{self.seed}/{number}/{attempt}").random() < self.slow_ratio
+
     async def _answer(self, request: web.Request) -> web.Response:
         await request.read()
-        self.received[request.query["call"]] += 1
-        slow = self._random.random() < self.slow_ratio
+        key = request.query["call"]
+        attempt = self.received[key]
+        self.received[key] += 1
+        slow = self.is_slow(key.rpartition(".")[2], attempt)
         await asyncio.sleep(self.slow_s if slow else self.fast_s)
         return web.json_response({"success": True, "data": {"results": ["a", "b", "c"]}})
 
@@ -194,15 +209,15 @@ class Row:
 
     def markdown(self) -> str:
         plan = self.plan
-        not_ok = Counter(str(call.status or "no answer") for call in self.calls)
-        not_ok.pop("200", None)
+        statuses = (str(call.status or "no answer") for call in self.calls)
+        not_ok = counted(status for status in statuses if status != "200")
         copied = sum(call.copied for call in self.calls) if plan.target != "direct" else "—"
         return (
             f"| {plan.through} | {plan.hedge_ms or '—'} | {plan.call} | "
             f"{format_ms(self.percentile(0.5))} | {format_ms(self.percentile(0.99))} | "
             f"{format_ms(self.percentile(1.0))} | {self.ratio:.1f} | "
             f"{self.calls_per_call:.2f} ({max(self.tool_calls, default=0)}) | {copied} | "
-            f"{', '.join(f'{status} ×{n}' for status, n in not_ok.items()) or '—'} |"
+            f"{not_ok} |"
         )
 
 
@@ -221,7 +236,6 @@ async def measure(
     row: str,
     args: argparse.Namespace,
 ) -> Row:
-    tool.restart()
     async with target(bench, plan, tool_port) as base, agent_session() as session:
         calls = await make_calls(session, base, plan, row, args.calls, args.concurrency)
     return Row(plan, calls, [tool.received[call.key] for call in calls])
@@ -232,7 +246,7 @@ def hedge_delays(anchor_ms: float, multiples: Sequence[float]) -> list[int]:
 
 
 async def run(args: argparse.Namespace, say: Callable[[str], None], workdir: Path) -> list[Row]:
-    tool = SlowSometimes(args.fast_ms / 1000, args.slow_ms / 1000, args.slow_ratio)
+    tool = SlowSometimes(args.fast_ms / 1000, args.slow_ms / 1000, args.slow_ratio, args.calls)
     runner = web.AppRunner(tool.app(), access_log=None, handle_signals=False)
     await runner.setup()
     tool_port = free_port()
@@ -315,9 +329,14 @@ def main() -> int:
     say(f"# Hedged reads: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     say()
     known = "hedge_after_ms" in sidecar_settings({HEDGE_SETTING: "1"})
+    draws = SlowSometimes(0, 0, args.slow_ratio, args.calls)
+    slow = [n for n in range(args.calls) if draws.is_slow(str(n), 0)]
+    slow_twice = [n for n in slow if draws.is_slow(str(n), 1)]
     say(
         f"The tool answers after {args.fast_ms:g} ms, or after {args.slow_ms:g} ms on "
-        f"{args.slow_ratio:.0%} of the requests it receives (drawn per request, seeded). "
+        f"{args.slow_ratio:.0%} of the calls (a seeded sample: {len(slow)} of the "
+        f"{args.calls}), and a copy is slow on a seeded draw at the same ratio "
+        f"({len(slow_twice)} of the slow calls' copies). "
         f"{args.calls} calls per row, {args.concurrency} at a time, a fresh proxy per row. "
         f"Envoy {envoy.version()} (one worker): `hedge_policy: {{hedge_on_per_try_timeout: "
         f"true}}`, retry policy `{orjson.dumps(envoy_hedging(10).as_config()).decode()}` "
