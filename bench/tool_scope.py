@@ -384,11 +384,13 @@ def main() -> int:
         f"{name}={effective[name]}"
         for name in sorted(effective)
         if name.startswith(("circuit_", "max_retries", "backoff_", "retry_budget_"))
+        and name != "circuit_scope"
     )
     say(
         f"Tools {', '.join(TOOLS)} behind one route; {FAILING} always answers 503. "
         f"{args.rate:g} calls a second for {args.seconds:g} s per row, the tools in turn"
-        f" (MCP: {args.agents} SDK client sessions). Sidecar settings: {shown}"
+        f" (MCP: {args.agents} SDK client sessions). Sidecar: SIDECAR_CIRCUIT_SCOPE as the "
+        f"row says, and {shown}"
         + (
             ""
             if known
