@@ -140,7 +140,7 @@ class Repairs:
             method=job.method,
             route=job.route,
             path=job.path,
-            path_template=(self.path_template(job.route, job.method, job.path) or job.path),
+            path_template=self.path_template(job.route, job.method, job.path) or job.path,
             status=job.reply.status,
             failure=job.reply.failure,
             body_text=job.reply.text,

@@ -19,6 +19,8 @@ PathTemplate = Callable[[str, str, str], str | None]
 
 @dataclass(frozen=True, slots=True)
 class Call:
+    """What a call is, read once before its first attempt."""
+
     path: str  # without the query
     rpc: tuple[str, str | None] | None  # its JSON-RPC method and tool, when it is one
     own_key: str  # the sidecar's idempotency header; "" when off or the agent sent a key
@@ -35,6 +37,7 @@ def describe(
     guards: RouteGuards,
     path_template: PathTemplate,
 ) -> Call:
+    """``request`` (its buffered ``payload``, when there is one) as the loop sees it."""
     path = request.url.path
     header = route.tuning.idempotency_header
     rpc = mcp_call(payload.body) if payload is not None else None
