@@ -215,7 +215,7 @@ class Row:
         return (
             f"| {plan.through} | {plan.hedge_ms or '—'} | {plan.call} | "
             f"{format_ms(self.percentile(0.5))} | {format_ms(self.percentile(0.99))} | "
-            f"{format_ms(self.percentile(1.0))} | {self.ratio:.1f} | "
+            f"{format_ms(self.percentile(1.0))} | {self.ratio:.2f} | "
             f"{self.calls_per_call:.2f} ({max(self.tool_calls, default=0)}) | {copied} | "
             f"{not_ok} |"
         )
