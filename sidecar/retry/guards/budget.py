@@ -30,8 +30,12 @@ class RetryBudget:
 
     def available(self) -> bool:
         """Whether one more retry fits in the budget now."""
+        return self.left() > 0
+
+    def left(self) -> float:
+        """How many more retries fit in the budget now (0 when it is spent)."""
         requests, retries = self._counts.totals()
-        return retries < self._ratio * requests + self._floor
+        return max(0.0, self._ratio * requests + self._floor - retries)
 
     def spend(self) -> None:
         """A retry was made: it counts against the budget."""

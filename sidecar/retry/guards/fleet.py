@@ -205,6 +205,12 @@ class RouteState:
 
         await self._store.call("cooldown_write", open_circuit)
 
+    def known_cooldowns(self) -> dict[str | None, float]:
+        """The seconds left of each cooldown this process knows of and has not seen end, by
+        path (``None``: the whole route)."""
+        now = self._clock()
+        return {scope: until - now for scope, until in self._known_until.items() if until > now}
+
     def _known_s(self, path: str) -> float:
         now = self._clock()
         ends = (self._known_until.get(scope, now) for scope in (None, path))
