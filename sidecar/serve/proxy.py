@@ -150,6 +150,7 @@ class Proxy:
                 call.status,
                 call.attempts,
                 call.elapsed_s(),
+                path=path,
                 trail=call.trail,
                 matched=call.started is not None,
             )

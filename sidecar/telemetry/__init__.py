@@ -16,6 +16,7 @@ from sidecar.telemetry.logs import LogSink
 from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.telemetry.metrics import MetricsSink
 from sidecar.telemetry.otel import tracer_provider, tracing_exporters
+from sidecar.telemetry.recent import RecentCalls
 
 __all__ = ["Hooks", "Sink", "build_hooks"]
 
@@ -27,8 +28,10 @@ def build_hooks(
     clock: Callable[[], float] = time.monotonic,
     llm_model: str = "",
     environ: Mapping[str, str] = os.environ,
+    recent: RecentCalls | None = None,
 ) -> Hooks:
-    """The app's hooks: traces when ``OTEL_*`` asks for them, then metrics, then logs.
+    """The app's hooks: traces when ``OTEL_*`` asks for them, then metrics, then logs, then
+    ``recent`` (the live page's) when given.
 
     Traces come first so the metrics of an event can carry its span's ids as exemplars.
     """
@@ -40,4 +43,6 @@ def build_hooks(
         sinks.append(TraceSink(tracer_provider(exporters), llm_model))
     sinks.append(MetricsSink(metrics))
     sinks.append(LogSink(access_log=access_log, clock=clock))
+    if recent is not None:
+        sinks.append(recent)
     return Hooks(sinks)

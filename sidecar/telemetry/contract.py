@@ -184,7 +184,10 @@ class Hooks:
 
     def payload_repaired(self, route: str, layer: str, fields: list[str]) -> None:
         """A layer changed these fields of the payload (their values are never recorded)."""
-        self._emit(PayloadRepaired(route, layer, fields, _of(route)))
+        request = _of(route)
+        if request is not None:
+            request.repairs += ((layer, tuple(fields)),)
+        self._emit(PayloadRepaired(route, layer, fields, request))
 
     def repair_result(self, route: str, layer: str, result: str) -> None:
         """A layer's work ended: ``succeeded``/``failed`` (its payload's answer), ``declined``."""
@@ -253,14 +256,16 @@ class Hooks:
         attempts: int,
         duration_s: float,
         *,
+        path: str = "",
         trail: str = "",
         matched: bool = True,
     ) -> None:
-        """The answer's headers went to the agent (or the agent went away)."""
+        """The answer's headers went to the agent (or the agent went away); ``path`` is the
+        agent's, without its query."""
         request = _of(route) if matched else None
         self._emit(
             RequestFinished(
-                route, method, outcome, status, attempts, duration_s, trail, matched, request
+                route, method, path, outcome, status, attempts, duration_s, trail, matched, request
             )
         )
         if matched:

@@ -51,6 +51,8 @@ class Request:
     upstream_headers: dict[str, str] | None = None
     # The trace sink's open spans of this request; no other sink reads them.
     spans: Any = None
+    # Each repair layer that changed the payload, with the names of the fields it changed.
+    repairs: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +259,7 @@ class RequestFinished(Event):
 
     route: str
     method: str
+    path: str  # the agent's, without its query
     outcome: str
     status: int
     attempts: int
