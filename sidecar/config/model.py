@@ -252,6 +252,8 @@ class Settings(Tuning, BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     access_log: bool = False
+    # The live page on the admin port (``GET /ui``); off, the admin port answers 404 there.
+    ui: bool = True
     # Fleet state: unset keeps every guard in this process.
     state_url: SecretStr | None = None
     state_prefix: str = "sidecar:"

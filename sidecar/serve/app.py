@@ -24,9 +24,11 @@ from sidecar.retry.guards.fleet import StateStore
 from sidecar.serve.httpserver import ProxyServer
 from sidecar.serve.proxy import Proxy
 from sidecar.serve.routing import RouteTable
+from sidecar.serve.ui.page import live_view_routes
 from sidecar.telemetry import Hooks, build_hooks
 from sidecar.telemetry.logging_setup import http_server_logger
 from sidecar.telemetry.metric_definitions import Metrics
+from sidecar.telemetry.recent import RecentCalls
 from sidecar.transport.exchange import create_pool
 
 if TYPE_CHECKING:
@@ -42,6 +44,9 @@ class Lifecycle:
 
 
 PROXY = web.AppKey("proxy", Proxy)
+ENGINE = web.AppKey("engine", Engine)
+# The live page's sink; absent when ``SIDECAR_UI`` is off.
+RECENT_CALLS = web.AppKey("recent_calls", RecentCalls)
 METRICS = web.AppKey("metrics", Metrics)
 HOOKS = web.AppKey("hooks", Hooks)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
@@ -97,8 +102,13 @@ def create_app(
     their own to control time without changing behaviour.
     """
     metrics = Metrics(registry if registry is not None else CollectorRegistry())
+    recent = RecentCalls() if settings.ui else None
     hooks = build_hooks(
-        metrics, access_log=settings.access_log, clock=clock, llm_model=settings.llm_model
+        metrics,
+        access_log=settings.access_log,
+        clock=clock,
+        llm_model=settings.llm_model,
+        recent=recent,
     )
     route_configs = settings.route_configs
     routes = RouteTable(route_configs)
@@ -107,15 +117,17 @@ def create_app(
     app[METRICS] = metrics
     app[HOOKS] = hooks
     app[LIFECYCLE] = Lifecycle()
+    if recent is not None:
+        app[RECENT_CALLS] = recent
 
     async def upstream_session(app: web.Application) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as held:
             # Spans still buffered go out last; exporting blocks, so off the event loop.
             held.push_async_callback(asyncio.to_thread, hooks.close)
-            engine = await _start_engine(held, settings, route_configs, hooks, sleep, clock)
+            app[ENGINE] = await _start_engine(held, settings, route_configs, hooks, sleep, clock)
             app[PROXY] = Proxy(
                 routes,
-                engine,
+                app[ENGINE],
                 hooks,
                 max_request_bytes=settings.max_request_bytes,
                 max_in_flight=settings.max_in_flight,
@@ -249,7 +261,8 @@ def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
 
 
 def create_admin_app(proxy_app: web.Application) -> web.Application:
-    """``/metrics``, ``/healthz`` and ``/readyz`` for the given proxy app."""
+    """``/metrics``, ``/healthz``, ``/readyz`` and, unless ``SIDECAR_UI`` is off, the live
+    page ``/ui`` for the given proxy app."""
     metrics = proxy_app[METRICS]
     lifecycle = proxy_app[LIFECYCLE]
 
@@ -278,6 +291,11 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
     admin.router.add_get("/metrics", metrics_text)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
+    if RECENT_CALLS in proxy_app:
+        # The engine is looked up when the page asks: it starts with the proxy app.
+        admin.add_routes(
+            live_view_routes(proxy_app[RECENT_CALLS], lambda: proxy_app[ENGINE].guards)
+        )
     admin.on_response_prepare.append(_unnamed)
     return admin
 
