@@ -8,9 +8,10 @@ import gc
 import inspect
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import pytest
@@ -23,6 +24,9 @@ from yarl import URL
 
 from sidecar.config import load_settings
 from sidecar.serve.app import create_app, proxy_server, running
+
+if TYPE_CHECKING:
+    from tests.redis_store import RedisServer
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -120,6 +124,17 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("SIDECAR_", "GOMIND_AGENT_", "OPENAI_", "OTEL_")):
             monkeypatch.delenv(name)
+
+
+@pytest.fixture
+def redis_store(tmp_path: Path) -> Iterator[RedisServer]:
+    """A Redis-compatible server of the test's own, for fleet state."""
+    from tests.redis_store import RedisServer  # which builds on this module's helpers
+
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.kill()
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
@@ -23,14 +22,6 @@ from tests.processes import RunningSidecar, sidecar_process
 from tests.redis_store import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@pytest.fixture
-def redis_store(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    server.kill()
 
 
 # Tests that check what replicas share give the store far more than its default 25 ms: on
