@@ -279,6 +279,7 @@ def _print_curl_lines(write: Callable[[str], None], sidecar_url: str, admin_url:
         """-d '{"lat": "35.6", "lon": "139.7"}'"""
     )
     write(f"  curl -s {admin_url}/metrics | grep ^sidecar_")
+    write(f"  {admin_url}/ui in a browser: each route, and the calls above, live")
 
 
 async def _wait_for_signal() -> None:
