@@ -2,10 +2,11 @@
 
 The calls an ordinary request makes (received, circuit state, attempt started and
 finished, circuit state, finished) and those of a request recovered after one 503, timed
-with the default sinks (metrics, logs at info into /dev/null), or with ``--traced`` the
-trace sink too (spans made and sampled, exported nowhere).
+with the default sinks (metrics, logs at info into /dev/null, the live page's), or with
+``--traced`` the trace sink too (spans made and sampled, exported nowhere); ``--no-ui``
+leaves out the live page's sink, as ``SIDECAR_UI=off`` does.
 
-    python bench/hooks.py [--traced]
+    python bench/hooks.py [--traced] [--no-ui]
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from sidecar.outcomes import Wait
 from sidecar.telemetry import Hooks, build_hooks
 from sidecar.telemetry.logging_setup import configure_logging
 from sidecar.telemetry.metric_definitions import Metrics
+from sidecar.telemetry.recent import RecentCalls
 from sidecar.transport.exchange import UpstreamRequest
 
 REQUEST = UpstreamRequest("POST", URL("http://tool/x"), CIMultiDict({"a": "b"}), b"{}")
@@ -31,10 +33,11 @@ INCOMING = CIMultiDict({"content-type": "application/json"})
 WAIT = Wait(0.1, "backoff")
 
 
-def hooks_for(traced: bool) -> Hooks:
+def hooks_for(traced: bool, ui: bool) -> Hooks:
     metrics = Metrics(CollectorRegistry())
+    recent = RecentCalls() if ui else None
     if not traced:
-        return build_hooks(metrics, environ={})
+        return build_hooks(metrics, environ={}, recent=recent)
     from opentelemetry.sdk.trace import TracerProvider
 
     from sidecar.telemetry.logs import LogSink
@@ -42,7 +45,8 @@ def hooks_for(traced: bool) -> Hooks:
     from sidecar.telemetry.traces import TraceSink
 
     # The order build_hooks uses: the metrics sink reads the trace sink's exemplars.
-    return Hooks([TraceSink(TracerProvider(), "bench"), MetricsSink(metrics), LogSink()])
+    sinks = [TraceSink(TracerProvider(), "bench"), MetricsSink(metrics), LogSink()]
+    return Hooks([*sinks, recent] if recent is not None else sinks)
 
 
 def ordinary(hooks: Hooks) -> None:
@@ -69,17 +73,21 @@ def recovered(hooks: Hooks) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traced", action="store_true")
+    parser.add_argument("--no-ui", action="store_true", help="without the live page's sink")
     args = parser.parse_args()
     with open(os.devnull, "w") as devnull:
         configure_logging("info", "json", stream=devnull)
-        hooks = hooks_for(args.traced)
+        hooks = hooks_for(args.traced, not args.no_ui)
         runs = 20_000 if args.traced else 50_000
         sequences: tuple[Callable[[Hooks], None], ...] = (ordinary, recovered)
         for sequence in sequences:
             sequence(hooks)
             timed = functools.partial(sequence, hooks)
             best = min(timeit.repeat(timed, number=runs, repeat=7)) / runs
-            print(f"{'traced ' if args.traced else ''}{sequence.__name__}: {best * 1e6:.2f} µs")
+            print(
+                f"{'traced ' if args.traced else ''}{'' if args.no_ui else 'ui '}"
+                f"{sequence.__name__}: {best * 1e6:.2f} µs"
+            )
 
 
 if __name__ == "__main__":
