@@ -96,7 +96,9 @@ async def test_the_state_counts_each_route_and_lists_the_calls_worth_a_look(
         "recovered": 1,
         "gave_up": 0,
     }
-    assert routes["weather"]["circuits"] == [{"tool": "", "state": "closed", "probe_in_s": 0.0}]
+    assert routes["weather"]["circuits"] == [
+        {"tool": "/weather/current", "state": "closed", "probe_in_s": 0.0}
+    ]
     assert routes["weather"]["cooldowns"] == []
     # 0.2 of 1 request, plus 10 a second over the 10 s window, less the 1 retry made.
     assert routes["weather"]["budget_left"] == 99
@@ -141,23 +143,29 @@ async def test_the_ring_keeps_the_last_200_calls(make_tool, make_sidecar, aiohtt
     assert by_name(state)["default"]["gave_up"] == 205
 
 
-async def test_an_open_circuit_shows_the_time_to_its_probe(make_tool, make_sidecar, aiohttp_client):
-    async def down(_: web.Request) -> web.Response:
-        return web.json_response({"error": "down"}, status=503)
+async def test_each_tool_shows_its_circuit_an_open_one_first_with_the_time_to_its_probe(
+    make_tool, make_sidecar, aiohttp_client
+):
+    async def forecast_down(request: web.Request) -> web.Response:
+        if request.path == "/forecast":
+            return web.json_response({"error": "down"}, status=503)
+        return web.json_response({"success": True})
 
     clock = FakeClock()
     sidecar = await make_sidecar(
-        await make_tool(down), clock=clock, max_retries=0, circuit_failures=1
+        await make_tool(forecast_down), clock=clock, max_retries=0, circuit_failures=1
     )
     admin = await aiohttp_client(create_admin_app(sidecar.app))
 
+    assert (await sidecar.client.get("/status")).status == 200
     assert (await sidecar.client.get("/forecast")).headers["X-Sidecar-Outcome"] == "exhausted"
     opened, _ = await read_state(admin)
     clock.now += 10
     later, _ = await read_state(admin)
 
     assert by_name(opened)["default"]["circuits"] == [
-        {"tool": "", "state": "open", "probe_in_s": 30.0}
+        {"tool": "/forecast", "state": "open", "probe_in_s": 30.0},
+        {"tool": "/status", "state": "closed", "probe_in_s": 0.0},
     ]
     assert by_name(later)["default"]["circuits"][0]["probe_in_s"] == 20.0
     assert by_name(later)["default"]["budget_left"] == 100
@@ -183,7 +191,10 @@ async def test_a_cooldown_the_tool_asked_for_is_shown_with_its_time_left(
     assert (await sidecar.client.get("/forecast")).status == 429
     state, _ = await read_state(admin)
 
-    assert by_name(state)["default"]["cooldowns"] == [{"scope": "", "left_s": 30.0}]
+    # The tool's Retry-After header holds back the whole tool, whatever the path.
+    assert by_name(state)["default"]["cooldowns"] == [
+        {"tool": "/forecast", "path": "", "left_s": 30.0}
+    ]
 
 
 async def test_the_page_and_its_files_come_from_the_admin_port_alone(

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from sidecar.serve.app import create_admin_app
 from tests.browser import Page, chromium_or_skip, headless_chromium
@@ -20,6 +21,7 @@ from tests.test_live_page import SECRETS, call_with_secrets, flaky_tool, ok, wea
 SHOWN_WITHIN_S = 15.0
 
 ROWS = "[...document.querySelectorAll('#calls tbody tr')]"
+CARDS = "[...document.querySelectorAll('.route-card')]"
 TRAILS = f"{ROWS}.map(row => [...row.querySelectorAll('.token')].map(t => t.textContent))"
 
 
@@ -45,6 +47,10 @@ async def test_a_recovered_call_shows_up_live_and_nothing_secret_does(
     admin = await aiohttp_server(create_admin_app(sidecar.app))
     page = await browser.open(str(admin.make_url("/ui")))
     await page.until("document.querySelectorAll('.route-card').length === 2", SHOWN_WITHIN_S)
+    assert await page.evaluate(f"{CARDS}.map(card => card.querySelector('h3').textContent)") == [
+        "weather",
+        "quiet",
+    ]
     await page.evaluate("window.sameDocument = true")
 
     first = await call_with_secrets(sidecar.client)
@@ -99,3 +105,25 @@ async def test_the_page_fits_a_phone_screen(make_tool, make_sidecar, aiohttp_ser
 
     assert widths["page"] <= widths["screen"] == 390, json.dumps(widths)
     assert widths["head"] == "none"  # each call is a card of labelled lines
+
+
+async def test_a_route_of_many_tools_lists_those_not_closed_and_counts_the_rest(
+    make_tool, make_sidecar, aiohttp_server, browser
+):
+    async def one_tool_down(request: web.Request) -> web.Response:
+        if request.path == "/billing":
+            return web.json_response({"error": "down"}, status=503)
+        return web.json_response({"success": True})
+
+    sidecar = await make_sidecar(await make_tool(one_tool_down), max_retries=0, circuit_failures=1)
+    for tool in ("billing", *(f"tool-{number}" for number in range(7))):
+        await sidecar.client.get(f"/{tool}")
+    admin = await aiohttp_server(create_admin_app(sidecar.app))
+    page = await browser.open(str(admin.make_url("/ui")))
+    await page.until("document.querySelectorAll('.circuits li').length > 0", SHOWN_WITHIN_S)
+
+    lines = await page.evaluate(
+        "[...document.querySelectorAll('.circuits li')].map(li => li.textContent)"
+    )
+
+    assert [line.split(", probe in")[0] for line in lines] == ["/billing: open", "7 tools closed"]

@@ -207,7 +207,7 @@ class RouteState:
 
     def known_cooldowns(self) -> dict[str | None, float]:
         """The seconds left of each cooldown this process knows of and has not seen end, by
-        path (``None``: the whole route)."""
+        path (``None``: every path)."""
         now = self._clock()
         return {scope: until - now for scope, until in self._known_until.items() if until > now}
 

@@ -97,7 +97,11 @@ def _route(
         for circuit in view.circuits
     ]
     route["cooldowns"] = [
-        {"scope": mask_credentials(cooldown.scope), "left_s": round(cooldown.left_s, 1)}
+        {
+            "tool": mask_credentials(cooldown.tool),
+            "path": mask_credentials(cooldown.path),
+            "left_s": round(cooldown.left_s, 1),
+        }
         for cooldown in view.cooldowns
     ]
     route["budget_left"] = int(view.budget_left)

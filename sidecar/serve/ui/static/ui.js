@@ -26,10 +26,30 @@
     list.append(el("dt", "", term), el("dd", className || "", value));
   }
 
+  // Every circuit is listed while they are few; past that, those not closed are, and the
+  // closed ones are counted.
+  const LISTED_CIRCUITS = 6;
+
   function circuitText(circuit) {
     const where = circuit.tool ? `${circuit.tool}: ` : "";
     const probe = circuit.state === "open" ? `, probe in ${seconds(circuit.probe_in_s)}` : "";
     return `${where}${circuit.state}${probe}`;
+  }
+
+  function circuitLines(circuits) {
+    if (!circuits.length) return [el("li", "note", "no call yet")];
+    const line = (circuit) => el("li", `state ${circuit.state}`, circuitText(circuit));
+    if (circuits.length <= LISTED_CIRCUITS) return circuits.map(line);
+    const closed = circuits.filter((circuit) => circuit.state === "closed");
+    const lines = circuits.filter((circuit) => circuit.state !== "closed").map(line);
+    if (closed.length) lines.push(el("li", "state closed", `${closed.length} tools closed`));
+    return lines;
+  }
+
+  function cooldownText(cooldown) {
+    const path = cooldown.path !== cooldown.tool ? cooldown.path : "";
+    const where = [cooldown.tool, path].filter(Boolean).join(" ") || "whole route";
+    return `${where} ${seconds(cooldown.left_s)}`;
   }
 
   function routeCard(route) {
@@ -46,17 +66,14 @@
       card.append(el("p", "note", "calls that matched no route"));
       return card;
     }
-    const guards = el("dl", "guards");
-    const circuits = el("dd", "circuits");
-    for (const circuit of route.circuits) {
-      circuits.append(el("span", `state ${circuit.state}`, circuitText(circuit)));
-    }
-    guards.append(el("dt", "", "circuit"), circuits);
-    const cooldowns = route.cooldowns.map(
-      (c) => `${c.scope || "whole route"} ${seconds(c.left_s)}`,
-    );
-    fact(guards, "cooldowns", cooldowns.length ? cooldowns.join(", ") : "none");
-    fact(guards, "retry budget left", route.budget_left);
+    const guards = el("div", "guards");
+    const circuits = el("ul", "circuits");
+    circuits.append(...circuitLines(route.circuits));
+    const facts = el("dl");
+    const cooldowns = route.cooldowns.map(cooldownText);
+    fact(facts, "cooldowns", cooldowns.length ? cooldowns.join(", ") : "none");
+    fact(facts, "retry budget left", route.budget_left);
+    guards.append(el("p", "label", "circuits"), circuits, facts);
     card.append(guards);
     return card;
   }
