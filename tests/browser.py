@@ -138,16 +138,27 @@ class Page:
     async def until(self, expression: str, timeout_s: float = 10.0) -> None:
         """Wait until ``expression`` is true in the page, looking again and again until
         ``timeout_s`` has passed."""
-
-        async def holds() -> bool:
-            return bool(await self.evaluate(expression))
-
-        await eventually(holds, timeout_s)
+        await eventually(_Holds(self, expression), timeout_s)
 
     async def screenshot(self) -> bytes:
         """What the tab shows now, as a PNG image."""
         shot = await self.send("Page.captureScreenshot", {"format": "png"})
         return base64.b64decode(shot["data"])
+
+
+class _Holds:
+    """Whether an expression is true in a page; named by the expression, should a wait for
+    it time out."""
+
+    def __init__(self, page: Page, expression: str) -> None:
+        self._page = page
+        self._expression = expression
+
+    async def __call__(self) -> bool:
+        return bool(await self._page.evaluate(self._expression))
+
+    def __repr__(self) -> str:
+        return self._expression
 
 
 class Browser:

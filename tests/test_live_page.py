@@ -215,7 +215,7 @@ async def test_the_page_and_its_files_come_from_the_admin_port_alone(
     assert files["ui.js"].content_type == "text/javascript"
     assert files["ui.css"].content_type == "text/css"
     for text in (html, *[await answer.text() for answer in files.values()]):
-        assert "http:" not in text and "https:" not in text and "//" + "cdn" not in text
+        assert not re.search(r"https?:|url\(|@import", text)
     assert slash.status == 200 and slash.url.path == "/ui"
     assert (await admin.get("/ui/other.js")).status == 404
 

@@ -78,7 +78,7 @@ async def test_a_recovered_call_shows_up_live_and_nothing_secret_does(
     assert "coercion: lat" in await page.evaluate(f"{ROWS}[0].textContent")
     dom = await page.evaluate("document.documentElement.outerHTML")
     state = await (await sidecar.client.session.get(admin.make_url("/ui/state.json"))).text()
-    for secret in (*SECRETS, "api_key"):
+    for secret in (*SECRETS, "api_key", "Bearer"):
         assert secret not in dom
         assert secret not in state
     assert_only_the_admin_port_was_asked(page, str(admin.make_url("/")))
