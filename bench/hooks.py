@@ -42,7 +42,8 @@ def hooks_for(traced: bool) -> Hooks:
     from sidecar.telemetry.traces import TraceSink
 
     # The order build_hooks uses: the metrics sink reads the trace sink's exemplars.
-    return Hooks([TraceSink(TracerProvider(), "bench"), MetricsSink(metrics), LogSink()])
+    traces = TraceSink(TracerProvider(), [], llm_model="bench")
+    return Hooks([traces, MetricsSink(metrics), LogSink()])
 
 
 def ordinary(hooks: Hooks) -> None:

@@ -22,7 +22,7 @@ from sidecar.config import ConfigError
 from sidecar.config.extras import require_extra
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 
 SERVICE_NAME = "tool-retry-sidecar"
 _EXPORTERS = ("otlp", "console")
@@ -75,8 +75,9 @@ def tracing_exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
     return exporters
 
 
-def tracer_provider(exporters: tuple[str, ...]) -> TracerProvider:
-    """A provider exporting through ``exporters`` in batches, sampled as the environment says."""
+def tracer_provider(exporters: tuple[str, ...]) -> tuple[TracerProvider, list[SpanProcessor]]:
+    """A provider exporting through ``exporters`` in batches, sampled as the environment
+    says, and its span processors (one batch processor per exporter)."""
     # ``tracing_exporters`` made sure the otel extra is installed.
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -87,11 +88,14 @@ def tracer_provider(exporters: tuple[str, ...]) -> TracerProvider:
         resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
     # The sampler is the SDK's reading of OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG.
     provider = TracerProvider(resource=resource)
+    processors: list[SpanProcessor] = []
     for name in exporters:
         if name == "console":
-            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
+            processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
         else:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return provider
+            processors.append(BatchSpanProcessor(OTLPSpanExporter()))
+    for processor in processors:
+        provider.add_span_processor(processor)
+    return provider, processors

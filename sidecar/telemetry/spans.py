@@ -1,0 +1,181 @@
+"""Spans kept as plain records while a request runs; the SDK's objects only when one ends.
+
+The SDK's own spans cost 25 µs each to start and end (attribute validation under a lock,
+a context object per parent, the processor's bookkeeping); a request makes at least two.
+Here a span is a slotted record that the trace sink fills in. What the SDK is for stays
+the SDK's: the sampler, the id generator and the resource come from the ``TracerProvider``
+the ``OTEL_*`` variables configured, and an ended, sampled span is handed to its span
+processors as the SDK's ``ReadableSpan``, so batching and export are unchanged.
+
+A span under another follows its request's sampling decision, as the SDK's default
+``parentbased_*`` samplers would decide it (``always_*`` and ``traceidratio`` decide the
+same for every span of a trace).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.sampling import Decision
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+
+from sidecar import __version__
+
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_ERROR = Status(StatusCode.ERROR)
+_UNSET = Status(StatusCode.UNSET)
+
+
+class SpanRecord:
+    """One span while it is open: ids, times, attributes and events as plain values."""
+
+    __slots__ = (
+        "attributes",
+        "end_ns",
+        "error",
+        "events",
+        "kind",
+        "name",
+        "parent",
+        "sampled",
+        "span_id",
+        "start_ns",
+        "trace_id",
+        "trace_state",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        kind: SpanKind,
+        trace_id: int,
+        parent: SpanContext | None,
+        *,
+        sampled: bool,
+        trace_state: TraceState | None,
+        span_id: int,
+        attributes: dict[str, Any],
+        start_ns: int | None,
+    ) -> None:
+        self.name = name
+        self.kind = kind
+        self.trace_id = trace_id
+        self.span_id = span_id
+        self.parent = parent
+        self.sampled = sampled
+        self.trace_state = trace_state
+        self.attributes = attributes
+        self.events: list[Event] = []
+        self.error = False
+        self.start_ns = time.time_ns() if start_ns is None else start_ns
+        self.end_ns: int | None = None
+
+    def add_event(self, name: str, attributes: Mapping[str, Any]) -> None:
+        if self.sampled:
+            self.events.append(Event(name, attributes, time.time_ns()))
+
+    def context(self) -> SpanContext:
+        flags = _SAMPLED if self.sampled else _NOT_SAMPLED
+        return SpanContext(self.trace_id, self.span_id, False, flags, self.trace_state)
+
+    def traceparent(self) -> dict[str, str]:
+        """The W3C headers that carry this span's context to the next hop."""
+        carrier = {
+            "traceparent": f"00-{self.trace_id:032x}-{self.span_id:016x}-"
+            f"{'01' if self.sampled else '00'}"
+        }
+        if self.trace_state:
+            carrier["tracestate"] = self.trace_state.to_header()
+        return carrier
+
+    def exemplar(self) -> dict[str, str] | None:
+        """The span's ids as exemplar labels, when the span is sampled."""
+        if not self.sampled:
+            return None
+        return {"trace_id": f"{self.trace_id:032x}", "span_id": f"{self.span_id:016x}"}
+
+
+class SpanRecorder:
+    """Starts span records as the provider's sampler and id generator say, and hands each
+    ended, sampled one to the provider's span processors."""
+
+    def __init__(self, provider: TracerProvider, processors: Iterable[SpanProcessor]) -> None:
+        self._sampler = provider.sampler
+        self._ids = provider.id_generator
+        self._resource = provider.resource
+        self._processors = tuple(processors)
+        self._scope = InstrumentationScope("sidecar", __version__)
+
+    def start_root(
+        self, name: str, kind: SpanKind, parent: Context | None, attributes: dict[str, Any]
+    ) -> SpanRecord:
+        """A span that continues ``parent`` (an extracted remote context) or starts a trace;
+        the sampler decides here for all the spans under it."""
+        remote = trace.get_current_span(parent).get_span_context() if parent else None
+        if remote is not None and remote.is_valid:
+            trace_id = remote.trace_id
+        else:
+            remote, trace_id = None, self._ids.generate_trace_id()
+        result = self._sampler.should_sample(parent, trace_id, name, kind, attributes)
+        return SpanRecord(
+            name,
+            kind,
+            trace_id,
+            remote,
+            sampled=result.decision is Decision.RECORD_AND_SAMPLE,
+            trace_state=result.trace_state,
+            span_id=self._ids.generate_span_id(),
+            attributes=dict(result.attributes) if result.attributes else attributes,
+            start_ns=None,
+        )
+
+    def start_child(
+        self,
+        name: str,
+        parent: SpanRecord,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: dict[str, Any] | None = None,
+        start_ns: int | None = None,
+    ) -> SpanRecord:
+        return SpanRecord(
+            name,
+            kind,
+            parent.trace_id,
+            parent.context(),
+            sampled=parent.sampled,
+            trace_state=parent.trace_state,
+            span_id=self._ids.generate_span_id(),
+            attributes=attributes if attributes is not None else {},
+            start_ns=start_ns,
+        )
+
+    def end(self, span: SpanRecord, end_ns: int | None = None) -> None:
+        """End ``span`` (once); a sampled one goes to the processors as the SDK's span."""
+        if span.end_ns is not None:
+            return
+        span.end_ns = time.time_ns() if end_ns is None else end_ns
+        if not span.sampled:
+            return
+        readable = ReadableSpan(
+            span.name,
+            context=span.context(),
+            parent=span.parent,
+            resource=self._resource,
+            attributes=span.attributes,
+            events=span.events,
+            kind=span.kind,
+            status=_ERROR if span.error else _UNSET,
+            start_time=span.start_ns,
+            end_time=span.end_ns,
+            instrumentation_scope=self._scope,
+        )
+        for processor in self._processors:
+            processor.on_end(readable)
