@@ -223,6 +223,8 @@ class Connection(asyncio.Protocol):
         self._write_waiter: asyncio.Future[None] | None = None
         self._write_paused = False
         self._framing = "none"
+        # Whether the head of the current request's answer has gone out.
+        self.answer_started = False
 
     def pause_reading(self) -> None:
         raise NotImplementedError
@@ -256,6 +258,7 @@ class Connection(asyncio.Protocol):
 
     async def start_body(self, version: HttpVersion, reply: Reply, framing: str) -> None:
         self._framing = framing
+        self.answer_started = True
         await self.write(answer_head(version, reply))
 
     async def write_body(self, data: bytes) -> None:

@@ -265,6 +265,7 @@ class AgentConnection(Connection):
         try:
             while await self._next():
                 request = self._pending.popleft()
+                self.answer_started = False
                 if self._paused_for["pipeline"] and len(self._pending) <= _PIPELINE_LIMIT:
                     self._paused_for["pipeline"] = False
                     self._sync_reading()
@@ -303,6 +304,10 @@ class AgentConnection(Connection):
             raise
         except Exception:
             self._server.logger.exception("Error handling request")
+            if self.answer_started:
+                # Half an answer went out: only a cut connection can say it is not whole.
+                self.abort()
+                return Reply(500, sent=True)
             return _refused(
                 answers.Refusal(answers.SIDECAR_ERROR, "the sidecar failed to handle the request")
             )
