@@ -39,10 +39,11 @@ def hooks_for(traced: bool) -> Hooks:
 
     from sidecar.telemetry.logs import LogSink
     from sidecar.telemetry.metrics import MetricsSink
+    from sidecar.telemetry.otel import Tracing
     from sidecar.telemetry.traces import TraceSink
 
     # The order build_hooks uses: the metrics sink reads the trace sink's exemplars.
-    traces = TraceSink(TracerProvider(), [], llm_model="bench")
+    traces = TraceSink(Tracing(TracerProvider(), [], None), llm_model="bench")
     return Hooks([traces, MetricsSink(metrics), LogSink()])
 
 

@@ -1,11 +1,12 @@
-"""Spans kept as plain records while a request runs; the SDK's objects only when one ends.
+"""Spans kept as plain records while a request runs, and handed on as records.
 
 The SDK's own spans cost 25 µs each to start and end (attribute validation under a lock,
-a context object per parent, the processor's bookkeeping); a request makes at least two.
-Here a span is a slotted record that the trace sink fills in. What the SDK is for stays
-the SDK's: the sampler, the id generator and the resource come from the ``TracerProvider``
-the ``OTEL_*`` variables configured, and an ended, sampled span is handed to its span
-processors as the SDK's ``ReadableSpan``, so batching and export are unchanged.
+a context object per parent, the batch processor's lock and wake-up); a request makes at
+least two. Here a span is a slotted record that the trace sink fills in. The sampler, the
+id generator and the resource are still the SDK's, from the ``TracerProvider`` the
+``OTEL_*`` variables configured. An ended, sampled span goes to the OTLP batcher as it is
+(``otlp.py``), and to an SDK span processor (the console exporter's) as the SDK's
+``ReadableSpan``.
 
 A span under another follows its request's sampling decision, as the SDK's default
 ``parentbased_*`` samplers would decide it (``always_*`` and ``traceidratio`` decide the
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -26,6 +27,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from sidecar import __version__
+
+if TYPE_CHECKING:
+    from sidecar.telemetry.otlp import SpanBatcher
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
@@ -72,14 +76,14 @@ class SpanRecord:
         self.sampled = sampled
         self.trace_state = trace_state
         self.attributes = attributes
-        self.events: list[Event] = []
+        self.events: list[tuple[str, Mapping[str, Any], int]] = []
         self.error = False
         self.start_ns = time.time_ns() if start_ns is None else start_ns
         self.end_ns: int | None = None
 
     def add_event(self, name: str, attributes: Mapping[str, Any]) -> None:
         if self.sampled:
-            self.events.append(Event(name, attributes, time.time_ns()))
+            self.events.append((name, attributes, time.time_ns()))
 
     def context(self) -> SpanContext:
         flags = _SAMPLED if self.sampled else _NOT_SAMPLED
@@ -104,13 +108,20 @@ class SpanRecord:
 
 class SpanRecorder:
     """Starts span records as the provider's sampler and id generator say, and hands each
-    ended, sampled one to the provider's span processors."""
+    ended, sampled one on: to the OTLP batcher as the record it is, and to any SDK span
+    processor (the console exporter's) as the SDK's ``ReadableSpan``."""
 
-    def __init__(self, provider: TracerProvider, processors: Iterable[SpanProcessor]) -> None:
+    def __init__(
+        self,
+        provider: TracerProvider,
+        processors: Iterable[SpanProcessor],
+        batcher: SpanBatcher | None = None,
+    ) -> None:
         self._sampler = provider.sampler
         self._ids = provider.id_generator
         self._resource = provider.resource
         self._processors = tuple(processors)
+        self._batcher = batcher
         self._scope = InstrumentationScope("sidecar", __version__)
 
     def start_root(
@@ -158,19 +169,25 @@ class SpanRecorder:
         )
 
     def end(self, span: SpanRecord, end_ns: int | None = None) -> None:
-        """End ``span`` (once); a sampled one goes to the processors as the SDK's span."""
+        """End ``span`` (once); a sampled one goes to the batcher and the processors."""
         if span.end_ns is not None:
             return
         span.end_ns = time.time_ns() if end_ns is None else end_ns
         if not span.sampled:
             return
+        if self._batcher is not None:
+            self._batcher.add(span)
+        if self._processors:
+            self._to_processors(span)
+
+    def _to_processors(self, span: SpanRecord) -> None:
         readable = ReadableSpan(
             span.name,
             context=span.context(),
             parent=span.parent,
             resource=self._resource,
             attributes=span.attributes,
-            events=span.events,
+            events=[Event(name, attributes, at) for name, attributes, at in span.events],
             kind=span.kind,
             status=_ERROR if span.error else _UNSET,
             start_time=span.start_ns,

@@ -10,11 +10,9 @@ a URL.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -38,6 +36,7 @@ from sidecar.telemetry.events import (
     SidecarOverloaded,
 )
 from sidecar.telemetry.metric_definitions import KNOWN_METHODS
+from sidecar.telemetry.otel import Tracing
 from sidecar.telemetry.spans import SpanRecord, SpanRecorder
 
 
@@ -56,19 +55,21 @@ class _Spans:
 class TraceSink(Sink):
     """Spans and span events for every event of a request."""
 
-    def __init__(
-        self, provider: TracerProvider, processors: Iterable[SpanProcessor], *, llm_model: str
-    ) -> None:
-        self._provider = provider
-        self._spans = SpanRecorder(provider, processors)
+    def __init__(self, tracing: Tracing, *, llm_model: str) -> None:
+        self._tracing = tracing
+        self._spans = SpanRecorder(tracing.provider, tracing.processors, tracing.batcher)
         self._propagator = TraceContextTextMapPropagator()
         self._llm_model = llm_model
 
     def flush(self) -> None:
-        self._provider.force_flush()
+        self._tracing.provider.force_flush()
+        if self._tracing.batcher is not None:
+            self._tracing.batcher.flush()
 
     def close(self) -> None:
-        self._provider.shutdown()
+        self._tracing.provider.shutdown()
+        if self._tracing.batcher is not None:
+            self._tracing.batcher.close()
 
     def request_received(self, event: RequestReceived) -> None:
         headers = event.headers
