@@ -31,6 +31,7 @@ import requests
 import structlog
 from opentelemetry.sdk import environment_variables as env
 from opentelemetry.sdk.resources import Resource
+from opentelemetry.trace import SpanKind
 from opentelemetry.util.re import parse_env_headers
 
 from sidecar import __version__
@@ -47,9 +48,16 @@ _double = struct.Struct("<d").pack
 # Span.flags: the parent's remoteness is known (the SDK's encoder sets this on every span).
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 _ERROR_STATUS = b"\x7a\x02\x18\x02"  # Span.status (15) = Status{code (3): ERROR (2)}
+# Span.kind (6): OTLP's kinds count from "unspecified", the SDK's from "internal".
+_KINDS = {kind: b"\x30" + bytes((kind.value + 1,)) for kind in SpanKind}
+
+
+_ONE_BYTE = [bytes((value,)) for value in range(0x80)]
 
 
 def _varint(value: int) -> bytes:
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
@@ -77,15 +85,24 @@ def _any_value(value: object) -> bytes:
     return _field(1, str(value).encode("utf-8"))
 
 
+# Span.start_time_unix_nano (7) and end_time_unix_nano (8), both fixed64, in one pack.
+_times = struct.Struct("<BQBQ").pack
+# Span.flags (16, fixed32): the parent's remoteness known, and whether it is remote.
+_FLAGS = {
+    False: b"\x85\x01" + _fixed32(_HAS_IS_REMOTE),
+    True: b"\x85\x01" + _fixed32(_HAS_IS_REMOTE | _IS_REMOTE),
+}
+
+
 class Encoder:
-    """Spans to an ``ExportTraceServiceRequest``; a key-value's bytes are made once."""
+    """Spans to an ``ExportTraceServiceRequest``. A request's spans repeat the same few
+    names and attribute sets, so each name's and each attribute set's bytes are made once;
+    a span costs its ids, its times and a few lookups."""
 
     def __init__(self, resource: Resource, scope_name: str, scope_version: str) -> None:
-        self._cache: dict[tuple[int, str, type, object] | None, bytes] = {}
-        resource_message = b"".join(
-            self._attribute(1, key, value) for key, value in resource.attributes.items()
-        )
-        self._resource = _field(1, resource_message)
+        self._attribute_sets: dict[tuple[int, tuple[tuple[str, Any], ...]], bytes] = {}
+        self._names: dict[str, bytes] = {}
+        self._resource = _field(1, self._attributes(1, resource.attributes))
         scope = _field(1, scope_name.encode()) + _field(2, scope_version.encode())
         self._scope = _field(1, scope)
 
@@ -93,40 +110,46 @@ class Encoder:
         body = self._scope + b"".join(_field(2, self._span(span)) for span in spans)
         return _field(1, self._resource + _field(2, body))
 
-    def _attribute(self, number: int, key: str, value: object) -> bytes:
-        cache_key: tuple[int, str, type, object] | None = (number, key, type(value), value)
+    def _attributes(self, number: int, attributes: Mapping[str, Any]) -> bytes:
+        """``attributes`` as repeated KeyValue field ``number``."""
         try:
-            return self._cache[cache_key]
+            key = (number, tuple(attributes.items()))
+            return self._attribute_sets[key]
         except KeyError:
-            pass
-        except TypeError:  # an unhashable value: made each time
-            cache_key = None
-        encoded = _field(number, _field(1, key.encode("utf-8")) + _field(2, _any_value(value)))
-        if cache_key is not None and len(self._cache) < _ATTRIBUTE_CACHE_LIMIT:
-            self._cache[cache_key] = encoded
+            encoded = b"".join(
+                _field(number, _field(1, name.encode("utf-8")) + _field(2, _any_value(value)))
+                for name, value in attributes.items()
+            )
+            if len(self._attribute_sets) < _ATTRIBUTE_CACHE_LIMIT:
+                self._attribute_sets[key] = encoded
+            return encoded
+        except TypeError:  # an unhashable value (a list): made each time
+            return b"".join(
+                _field(number, _field(1, name.encode("utf-8")) + _field(2, _any_value(value)))
+                for name, value in attributes.items()
+            )
+
+    def _name(self, name: str) -> bytes:
+        encoded = self._names.get(name)
+        if encoded is None:
+            encoded = _field(5, name.encode("utf-8"))
+            if len(self._names) < _ATTRIBUTE_CACHE_LIMIT:
+                self._names[name] = encoded
         return encoded
 
-    def _attributes(self, number: int, attributes: Mapping[str, Any]) -> bytes:
-        return b"".join(self._attribute(number, key, value) for key, value in attributes.items())
-
     def _span(self, span: SpanRecord) -> bytes:
-        parent = span.parent
         parts = [
             b"\x0a\x10" + span.trace_id.to_bytes(16, "big"),
             b"\x12\x08" + span.span_id.to_bytes(8, "big"),
         ]
         if span.trace_state:
             parts.append(_field(3, span.trace_state.to_header().encode()))
-        flags = _HAS_IS_REMOTE
-        if parent is not None:
-            parts.append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
-            if parent.is_remote:
-                flags |= _IS_REMOTE
+        if span.parent_id is not None:
+            parts.append(b"\x22\x08" + span.parent_id.to_bytes(8, "big"))
         parts += [
-            _field(5, span.name.encode("utf-8")),
-            b"\x30" + _varint(span.kind.value + 1),  # OTLP's kinds count from unspecified
-            b"\x39" + _fixed64(span.start_ns),
-            b"\x41" + _fixed64(span.end_ns or span.start_ns),
+            self._name(span.name),
+            _KINDS[span.kind],
+            _times(0x39, span.start_ns, 0x41, span.end_ns or span.start_ns),
             self._attributes(9, span.attributes),
         ]
         for name, attributes, timestamp in span.events:
@@ -134,7 +157,7 @@ class Encoder:
             parts.append(_field(11, event_message + self._attributes(3, attributes)))
         if span.error:
             parts.append(_ERROR_STATUS)
-        parts.append(b"\x85\x01" + _fixed32(flags))  # Span.flags (16), fixed32
+        parts.append(_FLAGS[span.parent_remote])
         return b"".join(parts)
 
 
@@ -264,8 +287,7 @@ class SpanBatcher:
     def flush(self) -> None:
         """Export every span queued so far, now, in the calling thread."""
         with self._exporting:
-            while self._queue:
-                self._export_batch()
+            self._export(len(self._queue))
 
     def close(self) -> None:
         """Stop the worker and export what is left."""
@@ -277,14 +299,20 @@ class SpanBatcher:
 
     def _run(self) -> None:
         while not self._stopped:
-            self._wake.wait(self._delay_s)
+            full = self._wake.wait(self._delay_s)
             self._wake.clear()
-            self.flush()
+            with self._exporting:
+                # Woken by a full batch: whole batches only, so that spans ending during an
+                # export wait for the next batch instead of going out a few at a time.
+                queued = len(self._queue)
+                self._export(queued - queued % self._batch if full else queued)
 
-    def _export_batch(self) -> None:
+    def _export(self, count: int) -> None:
         queue = self._queue
-        batch = [queue.popleft() for _ in range(min(self._batch, len(queue)))]
-        if self._dropped:
-            _log.warning("trace_spans_dropped", spans=self._dropped, queue_size=self._max_queue)
-            self._dropped = 0
-        self._sender.send(self._encoder.encode(batch))
+        while count > 0:
+            batch = [queue.popleft() for _ in range(min(self._batch, count))]
+            count -= len(batch)
+            if self._dropped:
+                _log.warning("trace_spans_dropped", spans=self._dropped, queue_size=self._max_queue)
+                self._dropped = 0
+            self._sender.send(self._encoder.encode(batch))

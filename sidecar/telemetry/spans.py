@@ -47,7 +47,8 @@ class SpanRecord:
         "events",
         "kind",
         "name",
-        "parent",
+        "parent_id",
+        "parent_remote",
         "sampled",
         "span_id",
         "start_ns",
@@ -60,8 +61,9 @@ class SpanRecord:
         name: str,
         kind: SpanKind,
         trace_id: int,
-        parent: SpanContext | None,
+        parent_id: int | None,
         *,
+        parent_remote: bool = False,
         sampled: bool,
         trace_state: TraceState | None,
         span_id: int,
@@ -72,7 +74,10 @@ class SpanRecord:
         self.kind = kind
         self.trace_id = trace_id
         self.span_id = span_id
-        self.parent = parent
+        # The parent's span id, and whether it came from the agent: plain values, where a
+        # SpanContext would be validated and built for every span.
+        self.parent_id = parent_id
+        self.parent_remote = parent_remote
         self.sampled = sampled
         self.trace_state = trace_state
         self.attributes = attributes
@@ -139,7 +144,8 @@ class SpanRecorder:
             name,
             kind,
             trace_id,
-            remote,
+            remote.span_id if remote is not None else None,
+            parent_remote=remote is not None,
             sampled=result.decision is Decision.RECORD_AND_SAMPLE,
             trace_state=result.trace_state,
             span_id=self._ids.generate_span_id(),
@@ -160,7 +166,7 @@ class SpanRecorder:
             name,
             kind,
             parent.trace_id,
-            parent.context(),
+            parent.span_id,
             sampled=parent.sampled,
             trace_state=parent.trace_state,
             span_id=self._ids.generate_span_id(),
@@ -184,7 +190,7 @@ class SpanRecorder:
         readable = ReadableSpan(
             span.name,
             context=span.context(),
-            parent=span.parent,
+            parent=_parent_context(span),
             resource=self._resource,
             attributes=span.attributes,
             events=[Event(name, attributes, at) for name, attributes, at in span.events],
@@ -196,3 +202,10 @@ class SpanRecorder:
         )
         for processor in self._processors:
             processor.on_end(readable)
+
+
+def _parent_context(span: SpanRecord) -> SpanContext | None:
+    if span.parent_id is None:
+        return None
+    flags = _SAMPLED if span.sampled else _NOT_SAMPLED
+    return SpanContext(span.trace_id, span.parent_id, span.parent_remote, flags, span.trace_state)
