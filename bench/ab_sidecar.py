@@ -26,7 +26,7 @@ from run import (
     WrkResult,
     nginx_config,
     proxy_pid,
-    tree_private_kib,
+    tree_private_dirty_kib,
     wrk,
     wrk_with_cpu,
 )
@@ -88,7 +88,7 @@ def main() -> int:
         try:
             ports = start(bench, args.before.resolve())
             pids = {target: proxy_pid(bench, target) for target in TARGETS}
-            idle_kib = {target: tree_private_kib(pids[target]) for target in TARGETS}
+            idle_kib = {target: tree_private_dirty_kib(pids[target]) for target in TARGETS}
             for target in TARGETS:  # warm up: pools filled, code paths hot
                 wrk(ports[target], args.connections, 1)
             results: dict[str, list[WrkResult]] = {target: [] for target in TARGETS}
@@ -120,7 +120,8 @@ def report(
     p50 = {t: statistics.median(r.p50_ms for r in results[t]) for t in TARGETS}
     print(
         f"\nmedians of {args.rounds} rounds of {args.seconds:g} s, c={args.connections}\n"
-        "| target | req/s | x bare aiohttp | CPU-s/10k | x bare aiohttp | p50 ms | idle MiB |\n"
+        "| target | req/s | x bare aiohttp | CPU-s/10k | x bare aiohttp | p50 ms "
+        "| idle private dirty MiB |\n"
         "|---|---|---|---|---|---|---|"
     )
     for target in TARGETS:

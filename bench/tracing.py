@@ -10,7 +10,7 @@ small JSON body at 16 connections, rounds interleaved; the sidecars run on core 
 the upstream and the collector on core 1. Reported: the median requests/s of each, the
 ratios off/before, on/off and on/before (throughput, and the sidecar's CPU time per
 request, which other load on the machine disturbs less), and each sidecar's idle private
-memory. Everything listens
+dirty memory. Everything listens
 on 127.0.0.1 and is stopped by PID before the script returns. Not part of the test suite.
 """
 
@@ -31,7 +31,7 @@ from run import (
     PROXY_CORE,
     PYTHON,
     sidecar_command,
-    tree_private_kib,
+    tree_private_dirty_kib,
     wrk_with_cpu,
 )
 
@@ -95,7 +95,7 @@ def main() -> int:
             for port in (upstream, collector, *ports.values()):
                 wait_for_port(port)
             idle_kib = {
-                name: tree_private_kib(running.process.pid)
+                name: tree_private_dirty_kib(running.process.pid)
                 for running in bench.running
                 if (name := running.name) in VARIANTS
             }
@@ -119,7 +119,7 @@ def main() -> int:
         print(
             f"{name:>6}: median {median[name]:.0f} req/s ({rounds}); "
             f"CPU {cpu_median[name]:.2f} s per 10k requests; "
-            f"idle private memory {idle_kib[name] / 1024:.1f} MiB"
+            f"idle private dirty memory {idle_kib[name] / 1024:.1f} MiB"
         )
     for over, under in (("off", "before"), ("on", "off"), ("on", "before")):
         print(

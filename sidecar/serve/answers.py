@@ -1,10 +1,10 @@
-"""The answers the sidecar writes itself, and how it writes any answer.
+"""The answers the sidecar writes itself.
 
 When no upstream answer exists, the sidecar answers in the GoMind ToolResponse envelope
 (a ``SidecarError``); its ``details`` values are strings and carry ``"source":
-"sidecar"`` so an agent can tell it from the tool's own words. Every answer — the tool's
-relayed or the sidecar's own — goes out with exactly the headers given, plus only what
-HTTP itself requires (``ExactResponse``).
+"sidecar"`` so an agent can tell it from the tool's own words. Each is a ``Reply``, which
+goes out with exactly the headers given plus what HTTP itself requires
+(``agentwire.answer_head``).
 """
 
 from __future__ import annotations
@@ -14,40 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import orjson
-from aiohttp import web
 from multidict import CIMultiDict
 
 from sidecar.outcomes import GAVE_UP, AttemptError, Outcome
-
-# aiohttp's writer names itself and its version in ``Server`` and labels an unlabelled
-# body ``application/octet-stream``: a relayed answer would carry headers the tool never
-# sent, and every answer would tell the network which versions to attack. ``Date`` when
-# absent (RFC 9110 §6.6.1 asks it of a proxy), the framing and ``Connection`` stay.
-_DEFAULTED = ("Server", "Content-Type")
-
-
-def _absent(headers: CIMultiDict[str]) -> list[str]:
-    return [name for name in _DEFAULTED if name not in headers]
-
-
-class ExactResponse(web.Response):
-    """A whole answer with no header aiohttp would add by default."""
-
-    async def _prepare_headers(self) -> None:
-        added = _absent(self.headers)
-        await super()._prepare_headers()
-        for name in added:
-            self.headers.popall(name, None)
-
-
-class ExactStreamResponse(web.StreamResponse):
-    """A streamed answer with no header aiohttp would add by default."""
-
-    async def _prepare_headers(self) -> None:
-        added = _absent(self.headers)
-        await super()._prepare_headers()
-        for name in added:
-            self.headers.popall(name, None)
+from sidecar.serve.agentwire import Reply
 
 
 class RequestTooLarge(Exception):
@@ -91,7 +61,7 @@ class Refusal(Exception):
         self.message = message
         self.details = details
 
-    def response(self, headers: Mapping[str, str] | None = None) -> web.Response:
+    def response(self, headers: Mapping[str, str] | None = None) -> Reply:
         return error_response(self.error, self.message, self.details, headers)
 
 
@@ -120,7 +90,7 @@ def error_response(
     message: str,
     details: Mapping[str, object] | None = None,
     headers: Mapping[str, str] | None = None,
-) -> web.Response:
+) -> Reply:
     """The sidecar's own answer in the ToolResponse envelope."""
     detail_strings = {key: str(value) for key, value in (details or {}).items()}
     detail_strings["source"] = "sidecar"
@@ -134,12 +104,9 @@ def error_response(
             "details": detail_strings,
         },
     }
-    return ExactResponse(
-        status=error.status,
-        body=orjson.dumps(body),
-        content_type="application/json",
-        headers=headers,
-    )
+    answer_headers = CIMultiDict(headers or {})
+    answer_headers["Content-Type"] = "application/json"
+    return Reply(error.status, headers=answer_headers, body=orjson.dumps(body))
 
 
 def attempt_error_response(
@@ -147,7 +114,7 @@ def attempt_error_response(
     headers: Mapping[str, str] | None = None,
     *,
     reason: str | None = None,
-) -> web.Response:
+) -> Reply:
     """The sidecar's answer when the last attempt produced no upstream answer.
 
     ``details.delivered`` is ``"maybe"`` when the request may have reached the tool: the
@@ -164,7 +131,7 @@ def attempt_error_response(
     return error_response(sidecar_error, message, details, headers)
 
 
-def overloaded_response(limit: int, headers: Mapping[str, str]) -> web.Response:
+def overloaded_response(limit: int, headers: Mapping[str, str]) -> Reply:
     """The answer past ``SIDECAR_MAX_IN_FLIGHT``: try again shortly."""
     return error_response(
         SIDECAR_OVERLOADED,
@@ -174,7 +141,7 @@ def overloaded_response(limit: int, headers: Mapping[str, str]) -> web.Response:
     )
 
 
-def shutdown_response(headers: Mapping[str, str]) -> web.Response:
+def shutdown_response(headers: Mapping[str, str]) -> Reply:
     """The answer to a request still waiting for the tool when the drain time ran out."""
     response = error_response(
         UPSTREAM_TIMEOUT,
@@ -188,7 +155,7 @@ def shutdown_response(headers: Mapping[str, str]) -> web.Response:
 
 def circuit_open_response(
     open_for_s: float, tool: str = "", headers: Mapping[str, str] | None = None
-) -> web.Response:
+) -> Reply:
     """The answer while a tool's circuit is open (``tool`` ``""``: the whole route's): try
     again when the probe is due."""
     retry_after = str(max(1, math.ceil(open_for_s)))

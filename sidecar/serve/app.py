@@ -57,31 +57,6 @@ LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 LINGERING_S = 2.0
 
 
-def server_kwargs(settings: Settings) -> dict[str, Any]:
-    """How the proxy app must be served.
-
-    A handler is cancelled when its agent goes away, so no attempt or wait continues on
-    behalf of nobody; access lines come from our hooks; a client's malformed request is
-    logged as its fault, not as a server error. A connection that has not completed a
-    request head within the client timeout (a new one, or an idle kept-alive one) is
-    closed: aiohttp's own default holds it for an hour. After an answer to a request
-    whose body was not read whole, the rest is read and dropped for a short while only.
-    The request line and each header line may be as long as the whole header limit
-    (aiohttp's default is 8 KiB a line); the proxy holds the section's total to it. A
-    header line's limit is one byte more, so that aiohttp's refusal tells by its limit
-    which line was too long (414 or 431); the section's total catches that byte.
-    """
-    return {
-        "handler_cancellation": True,
-        "access_log": None,
-        "logger": http_server_logger(),
-        "keepalive_timeout": settings.client_timeout_ms / 1000,
-        "lingering_time": LINGERING_S,
-        "max_line_size": settings.max_header_bytes,
-        "max_field_size": settings.max_header_bytes + 1,
-    }
-
-
 SCHEMA_FETCH_TIMEOUT_S = 10.0
 
 # Answers at most this large are read whole so the status and envelope can be judged;
@@ -222,18 +197,30 @@ async def running(app: web.Application) -> AsyncIterator[web.Application]:
 
 
 def proxy_runner_for(app: web.Application, settings: Settings, **runner: Any) -> web.ServerRunner:
-    """A runner serving a running proxy app as ``server_kwargs`` says."""
+    """A runner serving a running proxy app on ``proxy_server``."""
     return web.ServerRunner(proxy_server(app, settings), **runner)
 
 
 def proxy_server(app: web.Application, settings: Settings) -> web.Server:
-    """A running proxy app on aiohttp's low-level server.
+    """A running proxy app on the agent-facing server (``httpserver``).
 
-    Every method and path (CONNECT's host:port and OPTIONS's ``*`` too) goes to the proxy,
-    so aiohttp's router and middleware chain would only cost time: ~5% of the CPU per
-    request in the profile under load.
+    Every method and path (CONNECT's host:port and OPTIONS's ``*`` too) goes to the
+    proxy. A connection that has not completed a request head within the client timeout
+    (a new one, or an idle kept-alive one) is closed. After an answer to a request whose
+    body was not read whole, the rest is read and dropped for a short while only. The
+    request line and each header line may be as long as the whole header limit (aiohttp's
+    default is 8 KiB a line); the proxy holds the section's total to it. A header line's
+    limit is one byte more, so that a line over it tells which limit was passed (414 or
+    431); the section's total catches that byte.
     """
-    return ProxyServer(app[PROXY].handle, **server_kwargs(settings))
+    return ProxyServer(
+        app[PROXY].handle,
+        client_timeout_s=settings.client_timeout_ms / 1000,
+        max_line_size=settings.max_header_bytes,
+        max_field_size=settings.max_header_bytes + 1,
+        lingering_s=LINGERING_S,
+        logger=http_server_logger(),
+    )
 
 
 def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:

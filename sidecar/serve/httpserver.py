@@ -1,68 +1,387 @@
-"""aiohttp's low-level server, as the proxy is served on it.
+"""The agent-facing HTTP/1.1 server: an asyncio protocol around llhttp (``httptools``).
 
-aiohttp answers a request it cannot parse (or a handler's crash) with a text page that
-quotes the request; an agent reading envelopes gets the envelope and the report instead,
-and nothing of what it sent is echoed.
+aiohttp's own server builds a request object, a payload stream, a writer and a task for
+every request, and its response classes prepare headers through several layers: 167,000
+instructions a request for a bare answer, where this protocol needs about a third. What
+it keeps of aiohttp's server, each pinned by the wire tests: llhttp's strict parse (a
+``Transfer-Encoding`` with a ``Content-Length``, any coding but a final ``chunked``,
+duplicate lengths, bad tokens and bare LFs are refused); the head limits (414 for the
+request line, 431 for a header line or a head that never ends); the client timeout for a
+head, on a new connection and between requests; keep-alive and pipelining, answered in
+order; a body streamed with backpressure; a handler cancelled when its agent goes away;
+a short linger for an unread body; and the drain of ``web.Server``'s runner.
+
+Every answer it makes itself carries the envelope and the ``X-Sidecar-*`` report, and
+none echoes the request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import cast
 
-from aiohttp import web
-from aiohttp.http_exceptions import LineTooLong
+import httptools
+from aiohttp import HttpVersion, HttpVersion10, HttpVersion11, web
 
 from sidecar.serve import answers
+from sidecar.serve.agentwire import (
+    AgentRequest,
+    BodyMalformed,
+    Connection,
+    Reply,
+    answer_head,
+)
 
-ProxyHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+ProxyHandler = Callable[[AgentRequest], Awaitable[Reply]]
+# Pipelined requests parsed ahead of the one being answered before reading pauses.
+_PIPELINE_LIMIT = 16
+_VERSIONS = {"1.1": HttpVersion11, "1.0": HttpVersion10}
+
+
+class _RefusedHead(Exception):
+    """A head over a limit, raised inside the parser's callback."""
 
 
 class ProxyServer(web.Server):
-    """aiohttp's low-level server, whose own answers to broken requests are the sidecar's."""
+    """aiohttp's low-level server as its runners and sites know it, serving the proxy's
+    agents on the protocol below."""
 
-    def __init__(self, handler: ProxyHandler, **kwargs: Any) -> None:
-        super().__init__(handler, **kwargs)
-        self._protocol_kwargs = {
-            key: value for key, value in kwargs.items() if key != "handler_cancellation"
-        }
-
-    def __call__(self) -> web.RequestHandler:
-        return _ProxyRequestHandler(self, loop=asyncio.get_running_loop(), **self._protocol_kwargs)
-
-
-class _ProxyRequestHandler(web.RequestHandler):
-    def __init__(self, manager: web.Server, **kwargs: Any) -> None:
-        super().__init__(manager, **kwargs)
-        self._request_line_limit: int = kwargs["max_line_size"]
-
-    def handle_error(
+    def __init__(
         self,
-        request: web.BaseRequest,
-        status: int = 500,
-        exc: BaseException | None = None,
-        message: str | None = None,
-    ) -> web.StreamResponse:
-        # aiohttp's own handling logs the error (a client's as its fault) and checks that
-        # no answer has started yet; its text page is replaced.
-        super().handle_error(request, status, exc, message)
-        refusal = _refusal_for(status, exc, self._request_line_limit)
-        response = refusal.response(answers.own_report(refusal.error))
-        response.force_close()
-        return response
+        handler: ProxyHandler,
+        *,
+        client_timeout_s: float,
+        max_line_size: int,
+        max_field_size: int,
+        lingering_s: float,
+        logger: logging.Logger,
+    ) -> None:
+        super().__init__(handler)  # type: ignore[arg-type]  # the handler takes our request
+        self.proxy_handler = handler
+        self.client_timeout_s = client_timeout_s
+        self.max_line_size = max_line_size
+        self.max_field_size = max_field_size
+        self.lingering_s = lingering_s
+        self.logger = logger
+        self.agents: set[AgentConnection] = set()
+
+    def __call__(self) -> AgentConnection:  # type: ignore[override]  # not aiohttp's protocol
+        return AgentConnection(self)
+
+    def pre_shutdown(self) -> None:
+        for agent in list(self.agents):
+            agent.close_when_idle()
+
+    # The runner calls this with aiohttp's signature.
+    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
+        await asyncio.gather(*(agent.shutdown(timeout) for agent in list(self.agents)))
+        self.agents.clear()
 
 
-def _refusal_for(
-    status: int, exc: BaseException | None, request_line_limit: int
-) -> answers.Refusal:
-    if status >= 500:
-        return answers.Refusal(answers.SIDECAR_ERROR, "the sidecar failed to handle the request")
-    if isinstance(exc, LineTooLong):
-        # aiohttp names the limit that was passed: the request line's, or a header line's.
-        if exc.args[1:2] == (request_line_limit,):
-            return answers.Refusal(answers.URI_TOO_LONG, "the request line is too long")
-        return answers.Refusal(
-            answers.HEADERS_TOO_LARGE, "a header line of the request is too long"
+class AgentConnection(Connection):
+    """One agent's connection: its requests parsed as they arrive, answered in order."""
+
+    def __init__(self, server: ProxyServer) -> None:
+        super().__init__()
+        self._server = server
+        self._parser = httptools.HttpRequestParser(self)
+        self._remote: str | None = None
+        self._pending: deque[AgentRequest] = deque()  # heads taken on, not yet answered
+        self._fresh: list[AgentRequest] = []  # heads completed in this read
+        self._current: AgentRequest | None = None  # the request whose body is arriving
+        self._url = bytearray()
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._in_head = False
+        self._head_bytes = 0
+        self._refusal: answers.Refusal | None = None
+        self._closing = False  # no request after those pending
+        self._task: asyncio.Task[None] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._idle_deadline: float | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._paused_for = {"body": False, "pipeline": False, "parser": False}
+
+    # -- the transport's side -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, but are ones.
+        self._transport = cast(asyncio.Transport, transport)
+        peer = transport.get_extra_info("peername")
+        self._remote = peer[0] if isinstance(peer, tuple) else None
+        self._server.agents.add(self)
+        self._arm_idle()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._transport = None
+        self._server.agents.discard(self)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        if self._current is not None:
+            self._current.content.set_exception(ConnectionResetError("Connection lost"))
+        self.writer_lost()
+        # The agent is gone: nothing it asked for continues on its behalf.
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self._paused_for["parser"]:
+            return
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            # CONNECT or an upgrade: what follows is not HTTP; answer, then close.
+            self._stop_reading()
+        except httptools.HttpParserCallbackError:
+            self._refuse_head()
+        except httptools.HttpParserError as exc:
+            self._malformed(str(exc))
+        else:
+            if self._in_head:
+                self._head_bytes += len(data)
+                if self._head_bytes > self._head_limit():
+                    self._refusal = answers.Refusal(
+                        answers.HEADERS_TOO_LARGE,
+                        "the request's head is larger than the sidecar accepts",
+                    )
+                    self._refuse_head()
+        self._release()
+
+    # -- the parser's callbacks ------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._head_bytes = 0
+        self._url = bytearray()
+        self._headers = []
+
+    def on_url(self, url: bytes) -> None:
+        self._url += url
+        if len(self._url) > self._server.max_line_size:
+            self._refusal = _too_large(answers.URI_TOO_LONG)
+            raise _RefusedHead
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if len(name) + len(value) + 2 > self._server.max_field_size:
+            self._refusal = _too_large(answers.HEADERS_TOO_LARGE)
+            raise _RefusedHead
+        self._headers.append((name, value))
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._idle_deadline = None
+        parser = self._parser
+        version = parser.get_http_version()
+        request = AgentRequest(
+            self,
+            parser.get_method().decode("ascii"),
+            self._url.decode("utf-8", "surrogateescape"),
+            _VERSIONS.get(version) or HttpVersion(*map(int, version.split("."))),
+            self._headers,
+            keep_alive=parser.should_keep_alive(),
+            remote=self._remote,
         )
-    return answers.Refusal(answers.BAD_REQUEST, "the request is not valid HTTP/1.1")
+        self._current = request
+        self._fresh.append(request)
+
+    def on_body(self, body: bytes) -> None:
+        assert self._current is not None
+        self._current.content.feed(body)
+
+    def on_message_complete(self) -> None:
+        if self._current is not None:
+            self._current.content.feed_eof()
+            self._current = None
+
+    # -- what was parsed -------------------------------------------------------------
+
+    def _head_limit(self) -> int:
+        """Head bytes that no head within the limits reaches: reading stops there."""
+        return 2 * (self._server.max_line_size + self._server.max_field_size)
+
+    def _refuse_head(self) -> None:
+        refusal = self._refusal or _too_large(answers.HEADERS_TOO_LARGE)
+        self._malformed(refusal.message, refusal)
+
+    def _malformed(self, reason: str, refusal: answers.Refusal | None = None) -> None:
+        """The parse broke: a request whose body was being read gets a broken body (the
+        proxy answers 400); otherwise the connection's last answer is the refusal."""
+        current = self._current
+        self._stop_reading()
+        if current is not None and current not in self._fresh and refusal is None:
+            current.content.set_exception(BodyMalformed(message=reason))
+            return
+        if current is not None and current in self._fresh:
+            self._fresh.remove(current)  # never taken on: refused with its head
+        self._current = None
+        self._refusal = refusal or answers.Refusal(
+            answers.BAD_REQUEST, "the request is not valid HTTP/1.1"
+        )
+        self._server.logger.info("malformed_request", extra={"reason": reason})
+
+    def _stop_reading(self) -> None:
+        self._closing = True
+        self._paused_for["parser"] = True
+        self._sync_reading()
+
+    def _release(self) -> None:
+        """Heads completed in this read go to the loop that answers them, in order."""
+        if self._fresh:
+            self._pending.extend(self._fresh)
+            self._fresh.clear()
+            self._paused_for["pipeline"] = len(self._pending) > _PIPELINE_LIMIT
+            self._sync_reading()
+        if self._pending or self._refusal is not None:
+            if self._task is None:
+                self._task = self._loop.create_task(self._serve())
+            elif self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)
+
+    def pause_reading(self) -> None:
+        self._paused_for["body"] = True
+        self._sync_reading()
+
+    def resume_reading(self) -> None:
+        if self._paused_for["body"]:
+            self._paused_for["body"] = False
+            self._sync_reading()
+
+    def _sync_reading(self) -> None:
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        if any(self._paused_for.values()):
+            if transport.is_reading():
+                transport.pause_reading()
+        elif not transport.is_reading():
+            transport.resume_reading()
+
+    # -- answering -------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        """Answer the requests taken on, in order, until the connection is done."""
+        try:
+            while await self._next():
+                request = self._pending.popleft()
+                self.answer_started = False
+                if self._paused_for["pipeline"] and len(self._pending) <= _PIPELINE_LIMIT:
+                    self._paused_for["pipeline"] = False
+                    self._sync_reading()
+                reply = await self._answer(request)
+                if not await self._finish(request, reply):
+                    break
+            if self._refusal is not None and self._transport is not None:
+                await self._send_whole(HttpVersion10, "GET", _refused(self._refusal), False)
+        except ConnectionError:
+            pass
+        finally:
+            self._task = None
+            if self._transport is not None:
+                self._transport.close()
+
+    async def _next(self) -> bool:
+        """Whether a request waits to be answered, waiting for one while the connection
+        may still bring one."""
+        while not self._pending:
+            if self._closing or self._transport is None:
+                return False
+            self._arm_idle()
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+            if self._refusal is not None and not self._pending:
+                return False
+        return True
+
+    async def _answer(self, request: AgentRequest) -> Reply:
+        try:
+            return await self._server.proxy_handler(request)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            self._server.logger.exception("Error handling request")
+            if self.answer_started:
+                # Half an answer went out: only a cut connection can say it is not whole.
+                self.abort()
+                return Reply(500, sent=True)
+            return _refused(
+                answers.Refusal(answers.SIDECAR_ERROR, "the sidecar failed to handle the request")
+            )
+
+    async def _finish(self, request: AgentRequest, reply: Reply) -> bool:
+        """Send ``reply`` unless the relay streamed it; whether the connection goes on."""
+        if not reply.sent:
+            await self._send_whole(request.version, request.method, reply, request.keep_alive)
+        if not reply.keep_alive or self._transport is None:
+            return False
+        if request.content.is_eof():
+            return True
+        # Read what is left of an unread body for a while, so that an agent still sending
+        # sees the answer rather than a reset; the connection goes on only if it all came.
+        try:
+            async with asyncio.timeout(self._server.lingering_s):
+                while await request.content.readany():
+                    pass
+        except (TimeoutError, BodyMalformed, ConnectionError):
+            return False
+        return True
+
+    async def _send_whole(
+        self, version: HttpVersion, method: str, reply: Reply, keep_alive: bool
+    ) -> None:
+        framing = reply.framing(method, version, keep_alive)
+        head = answer_head(version, reply)
+        await self.write(head + reply.body if framing != "none" else head)
+
+    # -- time and shutdown -----------------------------------------------------------
+
+    def _arm_idle(self) -> None:
+        """A head must arrive within the client timeout, on a new connection or between
+        requests; the timer is set once and moved on by the deadline it finds."""
+        self._idle_deadline = self._loop.time() + self._server.client_timeout_s
+        if self._idle_timer is None:
+            self._idle_timer = self._loop.call_at(self._idle_deadline, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        deadline = self._idle_deadline
+        if deadline is None or self._transport is None:
+            return
+        if self._loop.time() < deadline:
+            self._idle_timer = self._loop.call_at(deadline, self._idle_check)
+            return
+        self._transport.close()
+
+    def close_when_idle(self) -> None:
+        """No more requests: an idle connection closes now, a busy one after its answer."""
+        self._closing = True
+        if self._waiter is not None and self._transport is not None:
+            self._transport.close()
+
+    async def shutdown(self, grace_s: float | None) -> None:
+        """Let the request being answered finish within ``grace_s``, then cut it."""
+        self._closing = True
+        task = self._task
+        if task is not None and not task.done():
+            _, running = await asyncio.wait({task}, timeout=grace_s)
+            if running:
+                task.cancel()
+                await asyncio.wait({task}, timeout=grace_s)
+        if self._transport is not None:
+            self._transport.close()
+
+
+def _too_large(error: answers.SidecarError) -> answers.Refusal:
+    if error is answers.URI_TOO_LONG:
+        return answers.Refusal(error, "the request line is too long")
+    return answers.Refusal(error, "a header line of the request is too long")
+
+
+def _refused(refusal: answers.Refusal) -> Reply:
+    reply = refusal.response(answers.own_report(refusal.error))
+    reply.force_close()
+    return reply

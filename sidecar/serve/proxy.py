@@ -1,4 +1,4 @@
-"""The aiohttp handler: the agent's request in, the tool's answer (or ours) out."""
+"""The proxy's handler: the agent's request in, the tool's answer (or ours) out."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import aiohttp
 import structlog
-from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from structlog.contextvars import bind_contextvars, reset_contextvars
 
@@ -20,6 +19,7 @@ from sidecar.retry.attempt import Result
 from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
 from sidecar.serve import answers
+from sidecar.serve.agentwire import AgentRequest, Reply
 from sidecar.serve.relay import relay
 from sidecar.serve.routing import RouteTable, Target, has_dot_segment
 from sidecar.telemetry import Hooks
@@ -52,7 +52,7 @@ class _StreamedBody:
     """A request body too large to buffer, passed on as it arrives (never replayed)."""
 
     head: bytes
-    request: web.BaseRequest
+    request: AgentRequest
     hard_limit: int
     idle_timeout_s: float
     exceeded: bool = False
@@ -108,7 +108,7 @@ class Proxy:
         self._all_done.set()
         self._draining = False
 
-    async def handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def handle(self, request: AgentRequest) -> Reply:
         try:
             if request.headers.get("Expect"):
                 await _continue(request)
@@ -125,7 +125,7 @@ class Proxy:
         # Every line logged for this request carries these (the path without its query,
         # which may hold credentials). Set and reset by token: structlog's
         # ``bound_contextvars`` first copies the whole context to save it.
-        path = request.rel_url.raw_path
+        path = request.raw_path_without_query
         if target is None:
             tokens = bind_contextvars(request_id=request_id, path=path)
         else:
@@ -173,8 +173,8 @@ class Proxy:
                 task.cancel()
 
     async def _admit(
-        self, request: web.BaseRequest, target: Target, request_id: str, call: _Call
-    ) -> web.StreamResponse:
+        self, request: AgentRequest, target: Target, request_id: str, call: _Call
+    ) -> Reply:
         """Forward the request if there is room for it, keeping the books the drain needs."""
         if self._max_in_flight and len(self._running) >= self._max_in_flight:
             self._hooks.sidecar_overloaded(call.route, "max_in_flight")
@@ -205,12 +205,12 @@ class Proxy:
 
     async def _forward(
         self,
-        request: web.BaseRequest,
+        request: AgentRequest,
         target: Target,
         request_id: str,
         call: _Call,
         task: asyncio.Task[object],
-    ) -> web.StreamResponse:
+    ) -> Reply:
         """The request through the retry engine; the tool's answer relayed, or ours."""
         route = target.route
         call.started = time.monotonic()
@@ -250,7 +250,7 @@ class Proxy:
 
     def _answer_of_our_own(
         self, route: str, result: Result, streamed: _StreamedBody | None
-    ) -> web.Response:
+    ) -> Reply:
         """The answer when the tool gave none the agent can have."""
         report = _report(result)
         if streamed is not None and streamed.exceeded:
@@ -276,7 +276,7 @@ class Proxy:
         )
 
     async def _read_request_body(
-        self, request: web.BaseRequest, buffer_limit: int
+        self, request: AgentRequest, buffer_limit: int
     ) -> bytes | _StreamedBody:
         """The body buffered when it fits ``buffer_limit``, else a stream.
 
@@ -317,7 +317,7 @@ def _client_too_slow() -> answers.Refusal:
     )
 
 
-def _check_head(request: web.BaseRequest, max_header_bytes: int) -> None:
+def _check_head(request: AgentRequest, max_header_bytes: int) -> None:
     """Refuse a request that cannot go to any tool as it is.
 
     A path with a ``.`` or ``..`` segment (also percent-encoded) could climb out of a
@@ -338,7 +338,7 @@ def _check_head(request: web.BaseRequest, max_header_bytes: int) -> None:
         )
 
 
-async def _continue(request: web.BaseRequest) -> None:
+async def _continue(request: AgentRequest) -> None:
     """What aiohttp's application router does for ``Expect`` before its handler runs: an
     HTTP/1.1 agent expecting ``100-continue`` is told to send its body; any other
     expectation cannot be met (417)."""
@@ -347,9 +347,7 @@ async def _continue(request: web.BaseRequest) -> None:
         return
     if expect.lower() != "100-continue":
         raise answers.Refusal(answers.EXPECTATION_FAILED, f"unknown expectation: {expect}")
-    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-    request.writer.output_size = 0  # the answer's size, for the access log, starts now
-    await request.writer.drain()
+    await request.send_continue()
 
 
 def _report(result: Result) -> dict[str, str]:

@@ -5,18 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import structlog
-from aiohttp import web
 
-from sidecar.serve.answers import ExactResponse, ExactStreamResponse
+from sidecar.serve.agentwire import AgentRequest, Reply
 from sidecar.transport.exchange import Answer, BodyBroken
 from sidecar.transport.headers import end_to_end_headers
 
 _log = structlog.get_logger("sidecar")
 
 
-async def relay(
-    request: web.BaseRequest, answer: Answer, report: Mapping[str, str]
-) -> web.StreamResponse:
+async def relay(request: AgentRequest, answer: Answer, report: Mapping[str, str]) -> Reply:
     """The tool's status, reason, headers and body bytes as they came, plus ``report``.
 
     Hop-by-hop headers and any ``X-Sidecar-*`` header of the tool's (which could pass for
@@ -28,28 +25,24 @@ async def relay(
     headers = end_to_end_headers(answer.response.headers, drop_control=True)
     headers.update(report)
     if answer.complete:
-        # Headers and body leave in one write; aiohttp states the body's length.
+        # Headers and body leave in one write, with the body's length.
         answer.discard()
         headers.popall("Content-Length", None)
-        return ExactResponse(
-            status=answer.status, reason=answer.response.reason, headers=headers, body=answer.body
-        )
-    response = ExactStreamResponse(
-        status=answer.status, reason=answer.response.reason, headers=headers
-    )
+        return Reply(answer.status, answer.response.reason, headers, answer.body)
+    reply = Reply(answer.status, answer.response.reason, headers, sent=True)
     try:
-        await response.prepare(request)
-        if answer.body:
-            await response.write(answer.body)
+        reply = await request.start_answer(answer.status, answer.response.reason, headers)
+        await request.write_body(answer.body)
         async for chunk in answer.rest():
-            await response.write(chunk)
-        await response.write_eof()
+            await request.write_body(chunk)
+        await request.end_answer()
     except ConnectionError:
         _log.debug("client_disconnected", status=answer.status)
+        reply.force_close()
     except BodyBroken as broken:
         _log.warning("upstream_stream_broken", status=answer.status, reason=str(broken))
-        if request.transport is not None:
-            request.transport.close()
+        request.close_connection()
+        reply.force_close()
     finally:
         answer.discard()
-    return response
+    return reply

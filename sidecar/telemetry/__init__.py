@@ -40,7 +40,7 @@ def build_hooks(
     if exporters:
         from sidecar.telemetry.traces import TraceSink
 
-        sinks.append(TraceSink(tracer_provider(exporters), llm_model))
+        sinks.append(TraceSink(tracer_provider(exporters), llm_model=llm_model))
     sinks.append(MetricsSink(metrics))
     sinks.append(LogSink(access_log=access_log, clock=clock))
     if recent is not None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import replace
-from typing import Any, TypeVar, get_type_hints
+from typing import Any, Protocol, Self, TypeVar, get_type_hints
+
+from multidict import CIMultiDict
 
 from sidecar.outcomes import Wait
 from sidecar.telemetry.events import (
@@ -97,7 +98,17 @@ def _handlers_of(sink: Sink) -> dict[type[Event], Callable[[Any], object]]:
 # without carrying the request through their own signatures.
 _current: ContextVar[Request | None] = ContextVar("sidecar_request", default=None)
 
-_Request = TypeVar("_Request")
+
+class _Outgoing(Protocol):
+    """A call as it goes upstream: its headers, and the same call with others."""
+
+    @property
+    def headers(self) -> CIMultiDict[str]: ...
+
+    def with_headers(self, headers: CIMultiDict[str]) -> Self: ...
+
+
+_Request = TypeVar("_Request", bound=_Outgoing)
 
 
 class Hooks:
@@ -138,10 +149,10 @@ class Hooks:
             return request
         assert current is not None
         current.upstream_headers = None
-        merged = request.headers.copy()  # type: ignore[attr-defined]
+        merged = request.headers.copy()
         for name, value in headers.items():
             merged[name] = value
-        return replace(request, headers=merged)  # type: ignore[type-var]
+        return request.with_headers(merged)
 
     def attempt_finished(
         self,

@@ -5,7 +5,8 @@ when it is unset and ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
 ``OTEL_EXPORTER_OTLP_ENDPOINT`` is. ``OTEL_TRACES_EXPORTER=none`` or
 ``OTEL_SDK_DISABLED=true`` keeps it off whatever else is set. Every other setting (the
 endpoint, its headers and timeout, the sampler, the service name, resource attributes, the
-batch sizes) is the SDK's own reading of its own variables.
+batch sizes) is read as the SDK reads it: the sampler and resource by the SDK itself, the
+OTLP exporter's and batches' settings by ``otlp.py`` from the SDK's own variables.
 
 The SDK is imported only when tracing is on: the sidecar that does not trace does not
 carry it in memory. It comes with the ``otel`` extra; tracing asked for without it is a
@@ -14,7 +15,9 @@ configuration error, found at start-up and by ``check-config``.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sidecar import __version__
@@ -22,7 +25,9 @@ from sidecar.config import ConfigError
 from sidecar.config.extras import require_extra
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+
+    from sidecar.telemetry.otlp import SpanBatcher
 
 SERVICE_NAME = "tool-retry-sidecar"
 _EXPORTERS = ("otlp", "console")
@@ -75,8 +80,20 @@ def tracing_exporters(environ: Mapping[str, str]) -> tuple[str, ...]:
     return exporters
 
 
-def tracer_provider(exporters: tuple[str, ...]) -> TracerProvider:
-    """A provider exporting through ``exporters`` in batches, sampled as the environment says."""
+@dataclass(frozen=True)
+class Tracing:
+    """What traces need at run time: the provider (sampler, ids, resource), the SDK span
+    processors (the console exporter's, or the SDK's OTLP exporter with a credential
+    provider), and the sidecar's own OTLP batcher otherwise."""
+
+    provider: TracerProvider
+    processors: list[SpanProcessor]
+    batcher: SpanBatcher | None
+
+
+def tracer_provider(exporters: tuple[str, ...]) -> Tracing:
+    """The provider and exporters ``exporters`` name, in batches, sampled as the
+    environment says."""
     # ``tracing_exporters`` made sure the otel extra is installed.
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -87,11 +104,30 @@ def tracer_provider(exporters: tuple[str, ...]) -> TracerProvider:
         resource = resource.merge(Resource({"service.name": SERVICE_NAME}))
     # The sampler is the SDK's reading of OTEL_TRACES_SAMPLER and OTEL_TRACES_SAMPLER_ARG.
     provider = TracerProvider(resource=resource)
-    for name in exporters:
-        if name == "console":
-            provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter()))
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    processors: list[SpanProcessor] = []
+    batcher = None
+    if "console" in exporters:
+        processors.append(BatchSpanProcessor(ConsoleSpanExporter()))
+    if "otlp" in exporters and _credential_provider(os.environ):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return provider
+        processors.append(BatchSpanProcessor(OTLPSpanExporter()))
+    elif "otlp" in exporters:
+        from sidecar.telemetry.otlp import Encoder, Sender, SpanBatcher
+
+        batcher = SpanBatcher(Encoder(resource, "sidecar", __version__), Sender())
+    for processor in processors:
+        provider.add_span_processor(processor)
+    return Tracing(provider, processors, batcher)
+
+
+def _credential_provider(environ: Mapping[str, str]) -> bool:
+    """Whether the SDK's exporter is to get its HTTP session from a credential provider
+    (an entry point only the SDK's exporter loads)."""
+    return any(
+        environ.get(name)
+        for name in (
+            "OTEL_PYTHON_EXPORTER_OTLP_HTTP_CREDENTIAL_PROVIDER",
+            "OTEL_PYTHON_EXPORTER_OTLP_HTTP_TRACES_CREDENTIAL_PROVIDER",
+        )
+    )

@@ -13,12 +13,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from sidecar import __version__
 from sidecar.outcomes import CANCELLED_ATTEMPT
 from sidecar.telemetry.contract import Sink
 from sidecar.telemetry.events import (
@@ -41,17 +38,19 @@ from sidecar.telemetry.events import (
     SidecarOverloaded,
 )
 from sidecar.telemetry.metric_definitions import KNOWN_METHODS
+from sidecar.telemetry.otel import Tracing
+from sidecar.telemetry.spans import SpanRecord, SpanRecorder
 
 
 @dataclass(slots=True, eq=False)
 class _Spans:
     """A request's open spans, kept on its ``Request`` from its first event to its last."""
 
-    server: Span
+    server: SpanRecord
     # Each attempt's span and when it ended, by attempt number, until what followed it is
     # known: one at a time, two while a hedge races the attempt it copies.
-    attempts: dict[int, tuple[Span, int | None]] = field(default_factory=dict)
-    repair: Span | None = None
+    attempts: dict[int, tuple[SpanRecord, int | None]] = field(default_factory=dict)
+    repair: SpanRecord | None = None
     # A repair after a failed attempt awaits its payload's answer.
     feedback: bool = False
 
@@ -59,26 +58,36 @@ class _Spans:
 class TraceSink(Sink):
     """Spans and span events for every event of a request."""
 
-    def __init__(self, provider: TracerProvider, llm_model: str) -> None:
-        self._provider = provider
-        self._tracer = provider.get_tracer("sidecar", __version__)
+    def __init__(self, tracing: Tracing, *, llm_model: str) -> None:
+        self._tracing = tracing
+        self._spans = SpanRecorder(tracing.provider, tracing.processors, tracing.batcher)
         self._propagator = TraceContextTextMapPropagator()
         self._llm_model = llm_model
 
     def flush(self) -> None:
-        self._provider.force_flush()
+        self._tracing.provider.force_flush()
+        if self._tracing.batcher is not None:
+            self._tracing.batcher.flush()
 
     def close(self) -> None:
-        self._provider.shutdown()
+        self._tracing.provider.shutdown()
+        if self._tracing.batcher is not None:
+            self._tracing.batcher.close()
 
     def request_received(self, event: RequestReceived) -> None:
-        parent = self._propagator.extract(event.headers) if event.headers is not None else None
+        headers = event.headers
+        # Most requests carry no context: the propagator's parse is for those that do.
+        parent = (
+            self._propagator.extract(headers)
+            if headers is not None and "traceparent" in headers
+            else None
+        )
         method = _method(event.method)
-        server = self._tracer.start_span(
+        server = self._spans.start_root(
             f"{method} {event.route}",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={
+            SpanKind.SERVER,
+            parent,
+            {
                 "http.request.method": method,
                 "http.route": event.route,
                 "sidecar.route": event.route,
@@ -91,7 +100,7 @@ class TraceSink(Sink):
         spans = _spans(request)
         if request is None or spans is None:
             return
-        _end_attempts(spans, racing=event.hedge)
+        self._end_attempts(spans, racing=event.hedge)
         attributes: dict[str, Any] = {
             "http.request.method": _method(request.method),
             "sidecar.attempt": event.attempt,
@@ -100,16 +109,11 @@ class TraceSink(Sink):
             attributes["http.request.resend_count"] = event.attempt - 1
         if event.hedge:
             attributes["sidecar.hedge"] = True
-        span = self._tracer.start_span(
-            _method(request.method),
-            context=trace.set_span_in_context(spans.server),
-            kind=SpanKind.CLIENT,
-            attributes=attributes,
+        span = self._spans.start_child(
+            _method(request.method), spans.server, kind=SpanKind.CLIENT, attributes=attributes
         )
         spans.attempts[event.attempt] = (span, None)
-        carrier: dict[str, str] = {}
-        self._propagator.inject(carrier, context=trace.set_span_in_context(span))
-        request.upstream_headers = carrier
+        request.upstream_headers = span.traceparent()
 
     def attempt_finished(self, event: AttemptFinished) -> None:
         request = event.request
@@ -117,36 +121,35 @@ class TraceSink(Sink):
         if request is None or spans is None or event.attempt not in spans.attempts:
             return
         span = spans.attempts[event.attempt][0]
+        attributes = span.attributes
         label = event.label
         if label == CANCELLED_ATTEMPT:
             # The copy racing it answered first: nothing follows this one.
-            span.set_attribute("sidecar.hedge.cancelled", True)
-            span.end()
+            attributes["sidecar.hedge.cancelled"] = True
+            self._spans.end(span)
             del spans.attempts[event.attempt]
             return
         if label.isdigit():
-            span.set_attribute("http.response.status_code", int(label))
+            attributes["http.response.status_code"] = int(label)
             if int(label) >= 400:
-                span.set_attribute("error.type", label)
-                span.set_status(Status(StatusCode.ERROR))
+                attributes["error.type"] = label
+                span.error = True
         else:
-            span.set_attribute("error.type", label)
-            span.set_status(Status(StatusCode.ERROR))
+            attributes["error.type"] = label
+            span.error = True
         if event.failure is not None:
-            for name, value in (
-                ("sidecar.error_code", event.failure.code),
-                ("sidecar.error_category", event.failure.category),
-            ):
-                if value:
-                    span.set_attribute(name, value)
+            if event.failure.code:
+                attributes["sidecar.error_code"] = event.failure.code
+            if event.failure.category:
+                attributes["sidecar.error_category"] = event.failure.category
         spans.attempts[event.attempt] = (span, time.time_ns())
-        request.exemplar = _exemplar(span)
+        request.exemplar = span.exemplar()
 
     def retry_scheduled(self, event: RetryScheduled) -> None:
         spans = _spans(event.request)
         if spans is None:
             return
-        _end_attempts(spans, event.reason)
+        self._end_attempts(spans, event.reason)
         spans.server.add_event(
             "retry.wait",
             {
@@ -159,13 +162,13 @@ class TraceSink(Sink):
     def repaired_retry(self, event: RepairedRetry) -> None:
         spans = _spans(event.request)
         if spans is not None:
-            _end_attempts(spans, "repaired", event.layer)
+            self._end_attempts(spans, "repaired", event.layer)
 
     def repair_started(self, event: RepairStarted) -> None:
         spans = _spans(event.request)
         if spans is None:
             return
-        span = self._tracer.start_span("repair", context=trace.set_span_in_context(spans.server))
+        span = self._spans.start_child("repair", spans.server)
         span.add_event("validation_feedback.started", {"sidecar.attempt": event.attempt})
         spans.repair = span
         spans.feedback = True
@@ -176,20 +179,18 @@ class TraceSink(Sink):
             return
         attributes = {
             "sidecar.repair.layer": event.layer,
-            "sidecar.repair.fields": list(event.fields),
+            "sidecar.repair.fields": tuple(event.fields),
         }
         span = spans.repair
         if span is None:
             # Coercion before the first attempt: its own short span under the request.
-            span = self._tracer.start_span(
-                f"repair {event.layer}", context=trace.set_span_in_context(spans.server)
-            )
-            span.set_attributes(attributes)
+            span = self._spans.start_child(f"repair {event.layer}", spans.server)
+            span.attributes.update(attributes)
             _coercion_event(span, event)
-            span.end()
+            self._spans.end(span)
             return
-        span.update_name(f"repair {event.layer}")
-        span.set_attributes(attributes)
+        span.name = f"repair {event.layer}"
+        span.attributes.update(attributes)
         _coercion_event(span, event)
 
     def repair_result(self, event: RepairResult) -> None:
@@ -197,7 +198,7 @@ class TraceSink(Sink):
         if spans is None:
             return
         if spans.repair is not None:
-            spans.repair.set_attribute("sidecar.repair.result", event.result)
+            spans.repair.attributes["sidecar.repair.result"] = event.result
         if event.result in ("succeeded", "failed") and spans.feedback:
             spans.feedback = False
             spans.server.add_event(
@@ -207,7 +208,7 @@ class TraceSink(Sink):
     def repair_refused(self, event: RepairRefused) -> None:
         spans = _spans(event.request)
         if spans is not None and spans.repair is not None:
-            spans.repair.set_attributes(
+            spans.repair.attributes.update(
                 {"sidecar.repair.result": "refused", "sidecar.repair.refusal": event.reason}
             )
 
@@ -217,17 +218,19 @@ class TraceSink(Sink):
             return
         span, spans.repair = spans.repair, None
         if not event.layer:
-            span.set_attribute("sidecar.repair.layer", "none")
+            span.attributes["sidecar.repair.layer"] = "none"
             if spans.feedback:
                 spans.feedback = False
                 spans.server.add_event(
                     "validation_feedback.failed", {"sidecar.repair.layer": "none"}
                 )
-        span.end()
+        self._spans.end(span)
 
     def llm_request(self, event: LlmRequest) -> None:
         spans = _spans(event.request)
-        parent = (spans.repair or spans.server) if spans is not None else None
+        if spans is None:
+            return
+        parent = spans.repair or spans.server
         ended = time.time_ns()
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
@@ -239,19 +242,19 @@ class TraceSink(Sink):
             attributes["gen_ai.usage.input_tokens"] = event.input_tokens
         if event.output_tokens:
             attributes["gen_ai.usage.output_tokens"] = event.output_tokens
-        span = self._tracer.start_span(
+        span = self._spans.start_child(
             f"chat {self._llm_model}",
-            context=trace.set_span_in_context(parent) if parent is not None else None,
+            parent,
             kind=SpanKind.CLIENT,
             attributes=attributes,
-            start_time=ended - int(event.duration_s * 1e9),
+            start_ns=ended - int(event.duration_s * 1e9),
         )
         if event.result != "ok":
-            span.set_attribute(
-                "error.type", type(event.failure).__name__ if event.failure else event.result
+            attributes["error.type"] = (
+                type(event.failure).__name__ if event.failure else event.result
             )
-            span.set_status(Status(StatusCode.ERROR))
-        span.end(end_time=ended)
+            span.error = True
+        self._spans.end(span, ended)
 
     def budget_exhausted(self, event: BudgetExhausted) -> None:
         _server_event(event.request, "retry_budget.exhausted", {})
@@ -273,40 +276,36 @@ class TraceSink(Sink):
         if request is None or spans is None:
             return
         request.spans = None
-        _end_attempts(spans)
+        self._end_attempts(spans)
         if spans.repair is not None:
-            spans.repair.end()
+            self._spans.end(spans.repair)
         server = spans.server
-        server.set_attributes(
-            {
-                "sidecar.outcome": event.outcome,
-                "sidecar.attempts": event.attempts,
-                "sidecar.trail": event.trail,
-            }
-        )
+        attributes = server.attributes
+        attributes["sidecar.outcome"] = event.outcome
+        attributes["sidecar.attempts"] = event.attempts
+        attributes["sidecar.trail"] = event.trail
         if event.status:
-            server.set_attribute("http.response.status_code", event.status)
+            attributes["http.response.status_code"] = event.status
         if event.status >= 500:
-            server.set_attribute("error.type", str(event.status))
-            server.set_status(Status(StatusCode.ERROR))
-        request.exemplar = _exemplar(server)
-        server.end()
+            attributes["error.type"] = str(event.status)
+            server.error = True
+        request.exemplar = server.exemplar()
+        self._spans.end(server)
 
-
-def _end_attempts(
-    spans: _Spans, reason: str = "", layer: str = "", *, racing: bool = False
-) -> None:
-    """The attempts' spans, each ended when its answer was, with what followed them;
-    ``racing`` keeps the one still waiting for its answer, which a hedge now races."""
-    for number, (span, ended) in list(spans.attempts.items()):
-        if racing and ended is None:
-            continue
-        del spans.attempts[number]
-        if reason:
-            span.set_attribute("sidecar.retry.reason", reason)
-        if layer:
-            span.set_attribute("sidecar.repair.layer", layer)
-        span.end(end_time=ended)
+    def _end_attempts(
+        self, spans: _Spans, reason: str = "", layer: str = "", *, racing: bool = False
+    ) -> None:
+        """The attempts' spans, each ended when its answer was, with what followed them;
+        ``racing`` keeps the one still waiting for its answer, which a hedge now races."""
+        for number, (span, ended) in list(spans.attempts.items()):
+            if racing and ended is None:
+                continue
+            del spans.attempts[number]
+            if reason:
+                span.attributes["sidecar.retry.reason"] = reason
+            if layer:
+                span.attributes["sidecar.repair.layer"] = layer
+            self._spans.end(span, ended)
 
 
 def _server_event(request: Request | None, name: str, attributes: dict[str, Any]) -> None:
@@ -320,21 +319,10 @@ def _spans(request: Request | None) -> _Spans | None:
     return request.spans if request is not None else None
 
 
-def _coercion_event(span: Span, event: PayloadRepaired) -> None:
+def _coercion_event(span: SpanRecord, event: PayloadRepaired) -> None:
     if event.layer == "coercion":
-        span.add_event("coercion.applied", {"sidecar.repair.fields": list(event.fields)})
+        span.add_event("coercion.applied", {"sidecar.repair.fields": tuple(event.fields)})
 
 
 def _method(method: str) -> str:
     return method if method in KNOWN_METHODS else "_OTHER"
-
-
-def _exemplar(span: Span) -> dict[str, str] | None:
-    """The span's ids as exemplar labels, when the span is sampled."""
-    context = span.get_span_context()
-    if not context.trace_flags.sampled:
-        return None
-    return {
-        "trace_id": trace.format_trace_id(context.trace_id),
-        "span_id": trace.format_span_id(context.span_id),
-    }

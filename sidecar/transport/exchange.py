@@ -50,6 +50,10 @@ class UpstreamRequest:
     headers: CIMultiDict[str]
     body: RequestBody
 
+    def with_headers(self, headers: CIMultiDict[str]) -> UpstreamRequest:
+        """The same call with ``headers`` (an attempt's trace context added)."""
+        return UpstreamRequest(self.method, self.url, headers, self.body)
+
 
 @dataclass(frozen=True, slots=True)
 class Malformed:
