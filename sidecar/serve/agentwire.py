@@ -23,7 +23,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-# Statuses and methods whose answers never have a body (RFC 9110 §6.4.1, §9.3.2).
+# Statuses whose answers never have a body, besides the 1xx (RFC 9110 §15.3.5, §15.4.5).
 _BODILESS_STATUS = frozenset({204, 304})
 _REASONS = {status.value: status.phrase for status in HTTPStatus}
 # Body bytes buffered before the agent's connection stops being read.
@@ -187,6 +187,7 @@ class AgentRequest:
 
     @property
     def raw_path_without_query(self) -> str:
+        """The target's path as sent, for the logs (a query may hold credentials)."""
         if self.raw_path.startswith("/"):
             return self.raw_path.partition("?")[0]
         return URL(self.raw_path, encoded=True).raw_path
@@ -227,9 +228,11 @@ class Connection(asyncio.Protocol):
         self.answer_started = False
 
     def pause_reading(self) -> None:
+        """Stop reading the agent's socket (a body's unread bytes are past the limit)."""
         raise NotImplementedError
 
     def resume_reading(self) -> None:
+        """Read the agent's socket again."""
         raise NotImplementedError
 
     def pause_writing(self) -> None:

@@ -1,10 +1,10 @@
 """Ended spans batched, encoded to OTLP protobuf and sent over HTTP, off the event loop.
 
 The SDK's path costs each span a ``ReadableSpan``, a lock and a wake-up in its batch
-processor on the event loop, and 24 µs in its protobuf encoder (a message object per
+processor on the event loop, and 17–27 µs in its protobuf encoder (a message object per
 attribute, the resource hashed through JSON per span). Here an ended span is appended to
 a queue as the record it is; a worker thread encodes a batch straight to protobuf bytes,
-each attribute's bytes made once and reused (4 µs a span), and POSTs it.
+each name's and attribute set's bytes made once and reused (1.6 µs a span), and POSTs it.
 
 What it reads is what the SDK reads, from the same variables and with the same defaults:
 ``OTEL_BSP_*`` for the batches, and for the exporter the endpoint (the traces one as
