@@ -17,7 +17,9 @@ from sidecar.transport.exchange import UpstreamRequest
 PathTemplate = Callable[[str, str, str], str | None]
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: made on every request, and a frozen dataclass's __init__ costs a setattr
+# call per field.
+@dataclass(slots=True)
 class Call:
     """What a call is, read once before its first attempt."""
 

@@ -87,7 +87,8 @@ async def _first_answered(
     return unanswered
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, as ``call.Call``: one is made for every attempt.
+@dataclass(slots=True)
 class Copy:
     """One copy of a request as sent: an attempt of its own."""
 
