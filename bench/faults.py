@@ -41,6 +41,7 @@ import orjson
 from aiohttp import web
 from fault_tool import RATE_LIMITED_EARLY, STAMP, FaultTool, Step
 from processes import SIDECAR_ON_LOOPBACK, Bench, free_port
+from report import Report
 
 BODY = b'{"location": "Tokyo, Japan", "units": "metric", "lat": 35.6, "lon": 139.7}'
 CALL_TIMEOUT_S = 30.0  # the agent's own limit on one call
@@ -429,11 +430,7 @@ def main() -> int:
     )
     parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args()
-    lines: list[str] = []
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
+    say = Report()
 
     started = time.monotonic()
     load_before = os.getloadavg()
@@ -463,7 +460,7 @@ def main() -> int:
         f"Run time {time.monotonic() - started:.0f} s; load average after {os.getloadavg()[0]:.2f}."
     )
     if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        say.write(args.out)
     return 0
 
 

@@ -43,6 +43,7 @@ from aiohttp import web
 from faults import agent_session, counted, format_ms, percentile, proxy, sidecar_settings
 from multidict import CIMultiDictProxy
 from processes import Bench, free_port
+from report import Report
 
 HEDGE_SETTING = "SIDECAR_HEDGE_AFTER_MS"
 BODY = b'{"query": "weather in Tokyo", "limit": 3}'
@@ -318,11 +319,7 @@ def main() -> int:
     )
     parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args()
-    lines: list[str] = []
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
+    say = Report()
 
     started = time.monotonic()
     load_before = os.getloadavg()
@@ -353,7 +350,7 @@ def main() -> int:
         f"Run time {time.monotonic() - started:.0f} s; load average after {os.getloadavg()[0]:.2f}."
     )
     if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        say.write(args.out)
     return 0
 
 

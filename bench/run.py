@@ -37,6 +37,7 @@ from pathlib import Path
 
 import envoy
 from processes import SIDECAR_ON_LOOPBACK, Bench, wait_for_port
+from report import Report
 
 HERE = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -659,11 +660,7 @@ def main() -> int:
         print("needs two cores: one for the proxies, one for the load", file=sys.stderr)
         return 2
     ensure_tools()
-    lines: list[str] = []
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
+    say = Report()
 
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as workdir:
@@ -690,7 +687,7 @@ def main() -> int:
             say(f"Load average after the run: {os.getloadavg()[0]:.2f}.")
         finally:
             bench.stop_all()
-    Path(args.out).write_text("\n".join(lines) + "\n")
+    say.write(args.out)
     print(f"\nwritten to {args.out}")
     return 0
 

@@ -43,6 +43,7 @@ from faults import agent_session, counted, format_ms, open_loop, percentile, pro
 from mcp import MCPError
 from mcp.server.mcpserver import MCPServer
 from processes import Bench, free_port
+from report import Report
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 REPO = Path(__file__).resolve().parent.parent
@@ -367,11 +368,7 @@ def main() -> int:
     args = parser.parse_args()
     # The SDKs log every failed call; the table says what matters.
     logging.disable(logging.CRITICAL)
-    lines: list[str] = []
-
-    def say(line: str = "") -> None:
-        print(line, flush=True)
-        lines.append(line)
+    say = Report()
 
     started = time.monotonic()
     load_before = os.getloadavg()
@@ -415,7 +412,7 @@ def main() -> int:
     took, load_after = time.monotonic() - started, os.getloadavg()[0]
     say(f"Run time {took:.0f} s; load average after {load_after:.2f}.")
     if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        say.write(args.out)
     return 0
 
 
