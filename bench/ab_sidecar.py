@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from processes import SIDECAR_ON_LOOPBACK, Bench, free_port, wait_for_port
+from processes import SIDECAR_ON_LOOPBACK, Bench, free_port, tree_command, wait_for_port
 from run import (
     HERE,
     LOAD_CORE,
@@ -53,24 +53,8 @@ def start(bench: Bench, before: Path) -> dict[str, int]:
         upstream_url,
     )
     for name, tree in (("before", before), ("after", HERE.parent)):
-        bench.start(
-            name,
-            PROXY_CORE,
-            PYTHON,
-            "-c",
-            # The tree first on the path, ahead of the installed (editable) project.
-            f"import sys; sys.path.insert(0, {str(tree)!r}); import sidecar, runpy;"
-            f"assert sidecar.__file__.startswith({str(tree)!r}), sidecar.__file__;"
-            "runpy.run_module('sidecar', run_name='__main__')",
-            "serve",
-            "--upstream",
-            upstream_url,
-            "--port",
-            str(ports[name]),
-            "--admin-port",
-            str(free_port()),
-            env=SIDECAR_ON_LOOPBACK,
-        )
+        command = tree_command(tree, upstream_url, ports[name])
+        bench.start(name, PROXY_CORE, *command, env=SIDECAR_ON_LOOPBACK)
     for port in ports.values():
         wait_for_port(port)
     return ports

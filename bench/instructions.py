@@ -24,28 +24,18 @@ import tempfile
 import time
 from pathlib import Path
 
-from processes import SIDECAR_ON_LOOPBACK, Bench, Running, free_port, wait_for_port
+from processes import (
+    SIDECAR_ON_LOOPBACK,
+    Bench,
+    Running,
+    free_port,
+    tree_command,
+    wait_for_port,
+)
 from run import HERE, LOAD_CORE, OK_JSON, PROXY_CORE, PYTHON, nginx_config, wrk
 
 # Python under valgrind starts in tens of seconds.
 START_TIMEOUT_S = 240
-
-
-def _tree_command(tree: Path, upstream: str, port: int) -> list[str]:
-    return [
-        PYTHON,
-        "-c",
-        f"import sys; sys.path.insert(0, {str(tree)!r}); import sidecar, runpy;"
-        f"assert sidecar.__file__.startswith({str(tree)!r}), sidecar.__file__;"
-        "runpy.run_module('sidecar', run_name='__main__')",
-        "serve",
-        "--upstream",
-        upstream,
-        "--port",
-        str(port),
-        "--admin-port",
-        str(free_port()),
-    ]
 
 
 def _traced_env(bench: Bench) -> dict[str, str]:
@@ -132,7 +122,7 @@ def main() -> int:
                 targets.append(("bare aiohttp", (baseline, port)))
             for tree in args.tree:
                 port = free_port()
-                targets.append((str(tree), (_tree_command(tree.resolve(), upstream, port), port)))
+                targets.append((str(tree), (tree_command(tree.resolve(), upstream, port), port)))
             print("| target | requests | instructions per request |\n|---|---|---|")
             for index, (name, target) in enumerate(targets):
                 instructions, requests = measure(bench, f"t{index}", target, env, args)

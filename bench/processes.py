@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,3 +90,21 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def tree_command(tree: Path, upstream: str, port: int) -> list[str]:
+    """``serve`` from the sidecar in ``tree``, ahead of the installed (editable) project."""
+    return [
+        sys.executable,
+        "-c",
+        f"import sys; sys.path.insert(0, {str(tree)!r}); import sidecar, runpy;"
+        f"assert sidecar.__file__.startswith({str(tree)!r}), sidecar.__file__;"
+        "runpy.run_module('sidecar', run_name='__main__')",
+        "serve",
+        "--upstream",
+        upstream,
+        "--port",
+        str(port),
+        "--admin-port",
+        str(free_port()),
+    ]
