@@ -456,11 +456,7 @@ def main() -> int:
         "before the HTTP-date a 429 named, or replays of a delivered POST sent without "
         "Idempotency-Key."
     )
-    say(
-        f"Run time {time.monotonic() - started:.0f} s; load average after {os.getloadavg()[0]:.2f}."
-    )
-    if args.out:
-        say.write(args.out)
+    say.finish(started, args.out)
     return 0
 
 

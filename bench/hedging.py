@@ -346,11 +346,7 @@ def main() -> int:
         rows = asyncio.run(run(args, say, Path(workdir)))
     say()
     report(rows, say)
-    say(
-        f"Run time {time.monotonic() - started:.0f} s; load average after {os.getloadavg()[0]:.2f}."
-    )
-    if args.out:
-        say.write(args.out)
+    say.finish(started, args.out)
     return 0
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 
@@ -17,3 +19,11 @@ class Report:
 
     def write(self, path: str | Path) -> None:
         Path(path).write_text("\n".join(self.lines) + "\n")
+
+    def finish(self, started: float, out: str | None) -> None:
+        """The run's time since ``started`` (``time.monotonic``) and the load it left; then
+        every line into ``out``, when one is named."""
+        elapsed_s, load = time.monotonic() - started, os.getloadavg()[0]
+        self(f"Run time {elapsed_s:.0f} s; load average after {load:.2f}.")
+        if out:
+            self.write(out)

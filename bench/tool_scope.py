@@ -409,10 +409,7 @@ def main() -> int:
             success = row.healthy_success()
             verdict = "met" if success == 100 else "NOT met"
             say(f"- {row.tools}, tool scope: healthy tools {success:.1f}% success: {verdict}.")
-    took, load_after = time.monotonic() - started, os.getloadavg()[0]
-    say(f"Run time {took:.0f} s; load average after {load_after:.2f}.")
-    if args.out:
-        say.write(args.out)
+    say.finish(started, args.out)
     return 0
 
 
