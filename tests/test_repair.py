@@ -76,7 +76,7 @@ async def test_flower_mound_is_repaired_by_the_llm(make_tool, make_sidecar, make
     [request] = llm.requests
     assert request["model"] == "repair-model"
     assert request["temperature"] == 0.1
-    assert request["response_format"] == {"type": "json_object"}
+    assert request["response_format"]["type"] == "json_schema"
     prompt = llm.prompt()
     assert prompt["call"] == {"method": "POST", "route": "default", "path": "/weather/current"}
     assert prompt["tool_answer"]["status"] == 404
