@@ -1,8 +1,9 @@
 """The last repair layer: ask an OpenAI-compatible model for a corrected payload.
 
-The model sees the call's method, route and path, the tool's failure, the payload with
-every secret replaced by a placeholder, the schema when known, the attempt number and the
-agent's intent — never a header (``llm_prompt``). Its answer is one JSON object::
+The model sees the fields the tool refused and its words about them, the agent's intent,
+the payload with every secret replaced by a placeholder, the schema when known, the tool's
+whole answer, the call's method, route and path and the attempt number — never a header
+(``llm_prompt``). Its answer is one JSON object::
 
     {"analysis": "...", "corrected_payload": {...}, "is_transient": false, "can_fix": true}
 
@@ -13,8 +14,9 @@ declines, even beside a right payload), held to that shape by the endpoint where
 It is refused unless ``corrected_payload`` is a JSON object that is new, fits the schema
 and is at most four times the original's size (``llm_answer``). A refused answer is not
 the end: the model is told exactly why, as the next turn of the same conversation, and
-asked again while the request's LLM calls last. The model can change the payload of this
-call and nothing else: not its target, method or headers.
+asked again while the request's LLM calls last; and when the tool refuses the payload it
+wrote, the next ask goes on in that conversation too. The model can change the payload of
+this call and nothing else: not its target, method or headers.
 
 This module owns the conversation: the calls, their counts, the forms the endpoint takes,
 and the answers remembered.
@@ -38,7 +40,7 @@ from sidecar.repair.llm_format import (
     refuses_format,
     response_format,
 )
-from sidecar.repair.llm_prompt import LlmRequest, opening, reask
+from sidecar.repair.llm_prompt import Conversation, LlmRequest, going_on, opening, reask
 from sidecar.repair.redact import Redactor
 from sidecar.telemetry import Hooks
 
@@ -57,6 +59,7 @@ class LlmOutcome:
     answer: LlmAnswer | None  # a correction that passed every guard, or a decline
     calls: int  # model calls made; 0 when the cache answered
     refused: Refused | None = None  # why the last answer was refused, when none was accepted
+    conversation: Conversation | None = None  # how the model came to the accepted answer
 
 
 class LlmRepairer:
@@ -83,13 +86,14 @@ class LlmRepairer:
     async def repair(self, request: LlmRequest, time_left_s: float, max_calls: int) -> LlmOutcome:
         """The model's accepted answer with secrets restored, from the cache when the
         failure repeats; a refused answer is sent back with its reason, up to ``max_calls``
-        calls in all."""
+        calls in all. A request whose payload the model wrote goes on with its conversation."""
         cache_key = request.cache_key()
         cached = self._cache.get(cache_key)
         if cached is not None and refusal(cached, None, request) is None:
             return LlmOutcome(cached, calls=0)
-        redactor = Redactor()
-        messages = opening(request, redactor)
+        earlier = request.earlier
+        redactor = earlier.redactor if earlier is not None else Redactor()
+        messages = going_on(earlier, request) if earlier else opening(request, redactor)
         remembered = await self._recalled(request, cache_key, redactor)
         if remembered is not None:
             return LlmOutcome(remembered, calls=0)
@@ -115,12 +119,16 @@ class LlmRepairer:
                 response_format=call.form,
             )
             if checked is not None and checked.answer is not None and refused is None:
+                assert content is not None
                 await self._keep(request, cache_key, checked.answer, checked.written)
-                return LlmOutcome(checked.answer, calls)
+                answered = Conversation(
+                    (*messages, {"role": "assistant", "content": content}), redactor
+                )
+                return LlmOutcome(checked.answer, calls, conversation=answered)
             if checked is None or content is None or refused is None or calls >= max_calls:
                 break  # no answer to correct (an error, a timeout), or no call left
             self._hooks.llm_reask(request.route, refused.kind)
-            messages += reask(content, str(refused))
+            messages += reask(content, str(refused), request, redactor, checked.written)
         return LlmOutcome(None, calls, refused)
 
     async def _recalled(
