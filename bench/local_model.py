@@ -11,7 +11,11 @@
 4. Starts the corpus tool (bench/repair_corpus.json) and the demo's weather tool in this
    process, and ``tool-retry-sidecar serve`` in front of both, pointed at the model.
 5. Plays every case of the corpus and the demo's LLM scenario through the sidecar, and prints
-   per case whether the tool ended up answering 200, the LLM calls and the time it took.
+   per case whether the tool ended up answering 200, the LLM calls and the time it took;
+   at the end, a Markdown table of the cases recovered per kind and round, the LLM calls
+   per recovered request, the ``response_format`` forms the calls were held to, and the
+   requests wrongly retried (the same payload sent again: every failure of the corpus is
+   the payload's fault).
 
 Every process it started is stopped by its PID before it returns. ``SIDECAR_*`` variables in
 the environment reach the sidecar (``SIDECAR_LLM_MAX_REPAIRS=1`` turns the re-ask off), so
@@ -211,6 +215,7 @@ async def wait_until_up(
 @dataclass(frozen=True, slots=True)
 class Case:
     name: str
+    kind: str
     payload: dict[str, Any]
     intent: str | None
     schema: dict[str, Any] | None
@@ -226,6 +231,7 @@ class Case:
         is_text = isinstance(error["body"], str)
         return cls(
             name=case["name"],
+            kind=case["kind"],
             payload=case["payload"],
             intent=case.get("intent"),
             schema=case.get("schema"),
@@ -353,6 +359,7 @@ class Play:
     """One call the agent makes through the sidecar, and how to tell it was fixed."""
 
     name: str
+    kind: str
     path: str
     payload: dict[str, Any]
     intent: str | None
@@ -416,6 +423,53 @@ async def play(
     )
 
 
+async def response_formats(session: aiohttp.ClientSession, admin_url: str) -> dict[str, int]:
+    """The model calls of this sidecar by the ``response_format`` form they were held to."""
+    async with session.get(admin_url + "/metrics") as response:
+        text = await response.text()
+    return {
+        sample.labels["format"]: int(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "sidecar_llm_response_format_total"
+    }
+
+
+def wrongly_retried(played: Played) -> bool:
+    """The same payload sent again: every failure of the corpus is the payload's fault."""
+    return "backoff=" in played.trail or "retry_after=" in played.trail
+
+
+def summarise(results: list[list[Played]], seconds: float) -> None:
+    """Per case over the rounds, then per kind and round as a Markdown table, then totals."""
+    plays = [played for round_played in results for played in round_played]
+    if len(results) > 1:
+        print("per case, over all rounds:")
+        for name in dict.fromkeys(played.play.name for played in plays):
+            marks = [played.recovered for played in plays if played.play.name == name]
+            print(f"  {name:<36} {sum(marks)}/{len(marks)}")
+    rounds = " | ".join(f"round {number}" for number in range(1, len(results) + 1))
+    print(f"\n| kind | cases | {rounds} | LLM calls |")
+    print("|---|---|" + "---|" * len(results) + "---|")
+    for kind in dict.fromkeys(played.play.kind for played in plays):
+        per_round = [[p for p in round_played if p.play.kind == kind] for round_played in results]
+        cells = " | ".join(f"{sum(p.recovered for p in of_kind)}" for of_kind in per_round)
+        calls = sum(p.llm_calls for of_kind in per_round for p in of_kind)
+        print(f"| {kind} | {len(per_round[0])} | {cells} | {calls} |")
+    recovered = [played for played in plays if played.recovered]
+    calls = sum(played.llm_calls for played in plays)
+    totals = " | ".join(f"**{sum(p.recovered for p in r)}/{len(r)}**" for r in results)
+    print(f"| **all** | {len(results[0])} | {totals} | {calls} |\n")
+    print(
+        f"recovered {len(recovered)}/{len(plays)} ({len(recovered) / max(len(plays), 1):.0%}), "
+        f"{calls} LLM calls: {calls / max(len(recovered), 1):.2f} per recovered request "
+        f"(all calls over recovered requests; "
+        f"{sum(p.llm_calls for p in recovered) / max(len(recovered), 1):.2f} "
+        f"spent by the recovered ones), "
+        f"{sum(map(wrongly_retried, plays))} wrongly retried, {seconds:.0f} s"
+    )
+
+
 def sidecar_config(workdir: Path, corpus_url: str, weather_url: str) -> Path:
     config = {
         "routes": [
@@ -469,13 +523,17 @@ def show(played: Played, tool_saw: list[Any], verbose: bool) -> None:
     if not verbose:
         return
     for number, exchange in enumerate(played.exchanges, start=1):
+        if exchange["status"] != 200:
+            form = exchange["request"].get("response_format", {}).get("type")
+            print(f"      model {number}: {exchange['status']} to response_format {form}")
+            continue
         try:
             content = orjson.loads(exchange["answer"])["choices"][0]["message"]["content"]
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             content = exchange["answer"].decode(errors="replace")
-        if len(exchange["request"]["messages"]) > 2:
-            reason = " ".join(exchange["request"]["messages"][-1]["content"].split())
-            print(f"      re-asked: {reason[:300]}")
+        last = exchange["request"]["messages"][-1]["content"]
+        if not last.startswith("{"):  # a re-ask, or the tool's refusal of the model's payload
+            print(f"      told: {' '.join(last.split())[:300]}")
         print(f"      model {number}: {' '.join(str(content).split())[:600]}")
     for number, payload in enumerate(tool_saw, start=1):
         print(f"      tool got {number}: {orjson.dumps(payload).decode()[:300]}")
@@ -507,9 +565,15 @@ async def run(args: argparse.Namespace) -> int:
     document = orjson.loads(CORPUS.read_bytes())
     cases = [Case.from_json(case) for case in document["cases"]]
     demo = next(scenario for scenario in SCENARIOS if scenario.needs_llm)
-    calls = [Play(case.name, case.path, case.payload, case.intent) for case in cases]
+    calls = [Play(case.name, case.kind, case.path, case.payload, case.intent) for case in cases]
     calls.append(
-        Play("demo-flower-mound", demo.path, demo.payload or {}, demo.headers["X-Sidecar-Intent"])
+        Play(
+            "demo-flower-mound",
+            "city-state-country",
+            demo.path,
+            demo.payload or {},
+            demo.headers["X-Sidecar-Intent"],
+        )
     )
     if args.case:
         calls = [call for call in calls if any(text in call.name for text in args.case)]
@@ -536,8 +600,7 @@ async def run(args: argparse.Namespace) -> int:
             env.setdefault("SIDECAR_LLM_TIMEOUT_MS", "120000")
             env.setdefault("SIDECAR_REQUEST_TIMEOUT_MS", "600000")
 
-            recovered = played_count = llm_total = 0
-            per_case: dict[str, list[bool]] = {call.name: [] for call in calls}
+            results: list[list[Played]] = []
             started = time.monotonic()
             for round_number in range(1, args.rounds + 1):
                 # A fresh sidecar each round: its answer cache must not carry over.
@@ -556,6 +619,7 @@ async def run(args: argparse.Namespace) -> int:
                 admin_url = f"http://127.0.0.1:{admin_port}"
                 await wait_until_up(processes, admin_url + "/readyz", 30, session)
                 print(f"round {round_number}/{args.rounds} (sidecar log: {workdir}/{name}.log)")
+                results.append([])
                 for call in calls:
                     played = await play(session, sidecar_url, admin_url, call, exchanges)
                     tool_saw = seen.get(played.request_id) or [
@@ -563,19 +627,10 @@ async def run(args: argparse.Namespace) -> int:
                         for entry in weather_log.for_request(played.request_id)
                     ]
                     show(played, tool_saw, args.verbose)
-                    per_case[call.name].append(played.recovered)
-                    played_count += 1
-                    recovered += played.recovered
-                    llm_total += played.llm_calls
+                    results[-1].append(played)
+                print(f"  forms asked for: {await response_formats(session, admin_url)}")
                 processes.stop(name)
-            if args.rounds > 1:
-                print("per case, over all rounds:")
-                for name, results in per_case.items():
-                    print(f"  {name:<32} {sum(results)}/{len(results)}")
-            print(
-                f"recovered {recovered}/{played_count} ({recovered / max(played_count, 1):.0%}), "
-                f"{llm_total} LLM calls, {time.monotonic() - started:.0f} s"
-            )
+            summarise(results, time.monotonic() - started)
     finally:
         for runner in reversed(runners):
             await runner.cleanup()

@@ -139,10 +139,11 @@ async def test_prose_is_sent_back_with_the_reason_and_the_second_answer_recovers
     assert response.headers["X-Sidecar-Trail"] == "404 repair=llm, 200"
     assert len(llm.requests) == 2
     first, second = (request["messages"] for request in llm.requests)
-    assert second[:2] == first  # the same conversation, carried on
-    assert second[2] == {"role": "assistant", "content": prose}
-    assert second[3]["role"] == "user"
-    assert "refused: your answer is not JSON" in second[3]["content"]
+    assert second[: len(first)] == first  # the same conversation, carried on
+    answered, reason = second[len(first) :]
+    assert answered == {"role": "assistant", "content": prose}
+    assert reason["role"] == "user"
+    assert "refused: your answer is not JSON" in reason["content"]
     assert orjson.loads(tool.seen[1].body) == {"location": CORRECT_CITY, "units": "metric"}
     metric = sidecar.metric
     assert metric("sidecar_llm_requests_total", result="invalid") == 1
@@ -340,3 +341,179 @@ async def test_the_models_numbers_written_as_strings_are_coerced_to_the_schema(
     assert len(llm.requests) == 1
     # Only the changed value is rewritten; the agent's own spacing stays.
     assert tool.seen[1].body == b'{"at": {"lat":35.68}}'
+
+
+async def test_a_payload_the_tool_refuses_is_told_to_the_model_in_the_same_conversation(
+    make_tool, make_sidecar, make_llm
+):
+    tool = await make_tool(location_tool())
+    first_answer = fix({"location": "Flower Mound, Texas", "units": "metric"})
+    llm = await make_llm(first_answer, fix({"location": CORRECT_CITY, "units": "metric"}))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    response = await sidecar.client.post(
+        "/weather", json={"location": "Flower Mound, TX", "units": "metric"}
+    )
+
+    assert response.status == 200
+    assert response.headers["X-Sidecar-Trail"] == "404 repair=llm, 404 repair=llm, 200"
+    first, second = (request["messages"] for request in llm.requests)
+    assert second[: len(first)] == first
+    answered, told = second[len(first) :]
+    assert answered["role"] == "assistant"
+    assert orjson.loads(answered["content"]) == first_answer
+    assert told["role"] == "user"
+    assert told["content"].startswith("The tool refused your corrected_payload too.")
+    assert "City 'Flower Mound, Texas' not found" in told["content"]
+    assert [orjson.loads(seen.body)["location"] for seen in tool.seen] == [
+        "Flower Mound, TX",
+        "Flower Mound, Texas",
+        CORRECT_CITY,
+    ]
+    metric = sidecar.metric
+    assert metric("sidecar_repairs_total", route="default", layer="llm", result="failed") == 1
+    assert metric("sidecar_repairs_total", route="default", layer="llm", result="succeeded") == 1
+
+
+async def test_no_secret_reaches_a_prompt_when_the_tool_echoes_it_in_a_later_refusal(
+    make_tool, make_sidecar, make_llm
+):
+    async def echoing(request: web.Request) -> web.Response:
+        payload = await request.json()
+        if payload.get("location") == CORRECT_CITY:
+            return web.json_response({"success": True})
+        message = f"City '{payload['location']}' not found for key {payload['api_key']}"
+        return web.json_response(
+            {
+                "success": False,
+                "error": {
+                    "code": "LOCATION_NOT_FOUND",
+                    "message": message,
+                    "category": "NOT_FOUND",
+                    "retryable": True,
+                },
+            },
+            status=404,
+        )
+
+    tool = await make_tool(echoing)
+    llm = await make_llm(
+        fix({"location": "Flower Mound, Texas", "api_key": "<redacted-1>"}),
+        fix({"location": CORRECT_CITY, "api_key": "<redacted-1>"}),
+    )
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    response = await sidecar.client.post(
+        "/weather",
+        json={"location": "Flower Mound, TX", "api_key": "sk-live-77777777"},
+        headers={"Authorization": "Bearer agent-secret-1"},
+    )
+
+    assert response.status == 200
+    assert len(llm.requests) == 2
+    prompts = json.dumps(llm.requests)
+    assert "sk-live-77777777" not in prompts
+    assert "agent-secret-1" not in prompts
+    told = llm.requests[1]["messages"][-1]["content"]
+    assert "not found for key <redacted-1>" in told
+    assert [orjson.loads(seen.body)["api_key"] for seen in tool.seen] == ["sk-live-77777777"] * 3
+
+
+async def test_the_prompt_leads_with_the_field_the_tool_refused_and_the_intent(
+    make_tool, make_sidecar, make_llm
+):
+    go_error = "json: cannot unmarshal string into Go struct field PointRequest.lat of type float64"
+
+    async def go_tool(request: web.Request) -> web.Response:
+        payload = await request.json()
+        if isinstance(payload.get("lat"), float):
+            return web.json_response({"ok": True})
+        return web.Response(text=go_error + "\n", status=400)
+
+    tool = await make_tool(go_tool)
+    llm = await make_llm(fix({"lat": 35.6, "lon": 139.7}))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    response = await sidecar.client.post(
+        "/point",
+        json={"lat": "35.6", "lon": 139.7},
+        headers={"X-Sidecar-Intent": "Weather at 35.6 N, 139.7 E"},
+    )
+
+    assert response.status == 200
+    prompt = llm.prompt()
+    assert list(prompt)[:3] == ["fix", "user_intent", "failed_payload"]
+    assert prompt["fix"] == [
+        {
+            "field": "lat",
+            "sent": "35.6",
+            "tool_says": go_error,
+            "tool_wants": "a JSON number, without quotes",
+        }
+    ]
+    assert prompt["user_intent"] == "Weather at 35.6 N, 139.7 E"
+
+
+async def test_a_missing_field_is_named_as_missing(make_tool, make_sidecar, make_llm):
+    async def search(request: web.Request) -> web.Response:
+        if "near" in await request.json():
+            return web.json_response({"success": True})
+        return web.json_response(
+            {
+                "success": False,
+                "error": {
+                    "code": "MISSING_FIELD",
+                    "message": "near is required: the place to search around",
+                    "category": "INPUT_ERROR",
+                    "retryable": True,
+                },
+            },
+            status=400,
+        )
+
+    tool = await make_tool(search)
+    llm = await make_llm(fix({"query": "tacos", "near": "Austin"}))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    response = await sidecar.client.post(
+        "/search", json={"query": "tacos"}, headers={"X-Sidecar-Intent": "Tacos near Austin"}
+    )
+
+    assert response.status == 200
+    assert llm.prompt()["fix"] == [
+        {
+            "field": "near",
+            "missing_from_payload": True,
+            "tool_says": "near is required: the place to search around",
+        }
+    ]
+
+
+async def test_every_call_opens_with_the_same_worked_examples(make_tool, make_sidecar, make_llm):
+    tool = await make_tool(location_tool())
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    await sidecar.client.post("/a", json={"location": "Flower Mound, TX"})
+    await sidecar.client.post("/b", json={"location": "Atlantis", "units": "imperial"})
+
+    first, second = (request["messages"] for request in llm.requests)
+    # Alike up to the failure itself: a server that keeps its prompt cache reads them once.
+    assert first[:-1] == second[:-1]
+    assert first[-1] != second[-1]
+    system, *examples = first[:-1]
+    assert system["role"] == "system"
+    assert [turn["role"] for turn in examples] == ["user", "assistant"] * (len(examples) // 2)
+    for question, answer in zip(examples[::2], examples[1::2], strict=True):
+        assert list(orjson.loads(question["content"]))[:3] == [
+            "fix",
+            "user_intent",
+            "failed_payload",
+        ]
+        assert list(orjson.loads(answer["content"])) == [
+            "analysis",
+            "corrected_payload",
+            "is_transient",
+            "can_fix",
+        ]
+    assert "Flower Mound" not in json.dumps(examples)

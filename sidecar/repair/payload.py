@@ -4,22 +4,32 @@ from __future__ import annotations
 
 import hashlib
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from sidecar.repair.jsontext import dumps, rewrite
 
+if TYPE_CHECKING:
+    from sidecar.repair.llm_prompt import Conversation
+
 
 class Payload:
-    """A body that was or will be sent; ``layers`` says which repairs made it.
+    """A body that was or will be sent; ``layers`` says which repairs made it, and
+    ``conversation`` what the model was told and answered when it wrote it.
 
     The JSON is parsed only when a repair layer asks for it: most calls never need it.
     """
 
-    def __init__(self, body: bytes, layers: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        body: bytes,
+        layers: tuple[str, ...] = (),
+        conversation: Conversation | None = None,
+    ) -> None:
         self.body = body
         self.layers = layers
+        self.conversation = conversation
 
     @cached_property
     def value(self) -> Any:
@@ -34,13 +44,16 @@ class Payload:
         """The body's JSON object, or ``None`` when the body is not one."""
         return self.value if isinstance(self.value, dict) else None
 
-    def repaired(self, value: Any, layer: str) -> Payload:
+    def repaired(self, value: Any, layer: str, conversation: Conversation | None = None) -> Payload:
         """This payload changed to read as ``value``: only the values that differ are
-        rewritten, every other byte of the body stays as the agent sent it."""
+        rewritten, every other byte of the body stays as the agent sent it. The model's
+        conversation goes on with it, through the layers that change it after."""
         layers = self.layers if layer in self.layers else (*self.layers, layer)
+        conversation = conversation or self.conversation
         if self.value is None:
-            return Payload(dumps(value).encode(), layers)
-        return Payload(rewrite(self.body.decode(), self.value, value).encode(), layers)
+            return Payload(dumps(value).encode(), layers, conversation)
+        body = rewrite(self.body.decode(), self.value, value).encode()
+        return Payload(body, layers, conversation)
 
     @cached_property
     def fingerprint(self) -> str:

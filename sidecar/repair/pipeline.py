@@ -130,7 +130,10 @@ class Repairs:
             if answer.corrected.get(key) != document.get(key)
         )
         self._hooks.payload_repaired(job.route, "llm", changed)
-        return Proposal(job.payload.repaired(answer.corrected, "llm"), "llm", llm_repairs=used)
+        # The conversation goes with the payload: should the tool refuse it, the model is
+        # told so as the next turn, not as a stranger to its own answer.
+        payload = job.payload.repaired(answer.corrected, "llm", asked.conversation)
+        return Proposal(payload, "llm", llm_repairs=used)
 
     def _llm_request(
         self, job: RepairJob, document: dict[str, Any], schema: dict[str, Any] | None
@@ -149,4 +152,5 @@ class Repairs:
             attempt=job.attempt,
             intent=job.intent,
             tried=job.tried,
+            earlier=job.payload.conversation,
         )

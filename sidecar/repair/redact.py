@@ -23,6 +23,9 @@ class Redactor:
     def __init__(self) -> None:
         self._placeholders: dict[str, str] = {}  # secret text -> placeholder
         self._originals: dict[str, Any] = {}  # placeholder -> the value as it was
+        # Names of the fields whose value holds a placeholder: the model must be free to
+        # write it there, whatever rule the tool's schema sets for the real value.
+        self.redacted_names: set[str] = set()
 
     def redact(self, value: Any, name: str = "") -> Any:
         if isinstance(value, dict):
@@ -32,9 +35,13 @@ class Redactor:
         if name and is_secret_name(name) and value is not None and not isinstance(value, bool):
             placeholder = self._placeholder(value if isinstance(value, str) else str(value))
             self._originals.setdefault(placeholder, value)
+            self.redacted_names.add(name)
             return placeholder
         if isinstance(value, str):
-            return self.redact_text(value)
+            redacted = self.redact_text(value)
+            if name and redacted != value:
+                self.redacted_names.add(name)
+            return redacted
         return value
 
     def redact_text(self, text: str) -> str:

@@ -28,6 +28,7 @@ from sidecar.telemetry.events import (
     CircuitState,
     Event,
     HedgeFinished,
+    LlmFormatRefused,
     LlmReask,
     LlmRequest,
     PayloadRepaired,
@@ -216,13 +217,25 @@ class Hooks:
         prompt_tokens: int = 0,
         completion_tokens: int = 0,
         failure: BaseException | None = None,
+        response_format: str = "json_object",
     ) -> None:
-        """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``."""
+        """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``, its
+        answer held to ``response_format``."""
         self._emit(
             LlmRequest(
-                result, duration_s, prompt_tokens, completion_tokens, failure, _current.get()
+                result,
+                duration_s,
+                prompt_tokens,
+                completion_tokens,
+                failure,
+                response_format,
+                _current.get(),
             )
         )
+
+    def llm_format_refused(self, response_format: str, status: int) -> None:
+        """The LLM endpoint refused that form of ``response_format``; the next is tried."""
+        self._emit(LlmFormatRefused(response_format, status))
 
     def llm_reask(self, route: str, reason: str) -> None:
         """The model's answer was refused for ``reason`` (a kind); it is asked again, told why."""

@@ -167,14 +167,25 @@ class RepairFinished(Event):
 @dataclass(frozen=True, slots=True)
 class LlmRequest(Event):
     """One call to the repair LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``;
-    ``failure`` is what ended a call that was not ``ok``, when something raised."""
+    ``failure`` is what ended a call that was not ``ok``, when something raised;
+    ``response_format`` the form its answer was held to (``llm_format.FORMS``)."""
 
     result: str
     duration_s: float
     input_tokens: int
     output_tokens: int
     failure: BaseException | None
+    response_format: str
     request: Request | None
+
+
+@dataclass(frozen=True, slots=True)
+class LlmFormatRefused(Event):
+    """The LLM endpoint refused the ``response_format`` form asked for with ``status``; it
+    is not asked for that form again. Not part of any request's record."""
+
+    response_format: str
+    status: int
 
 
 @dataclass(frozen=True, slots=True)

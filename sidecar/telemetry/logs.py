@@ -14,6 +14,7 @@ from sidecar.telemetry.events import (
     AttemptFinished,
     CircuitRefused,
     CircuitState,
+    LlmFormatRefused,
     LlmReask,
     LlmRequest,
     PayloadRepaired,
@@ -132,6 +133,13 @@ class LogSink(Sink):
             self.log.warning(
                 "llm_request_failed", result=event.result, **_llm_failure_fields(event.failure)
             )
+
+    def llm_format_refused(self, event: LlmFormatRefused) -> None:
+        self.log.warning(
+            "llm_response_format_refused",
+            response_format=event.response_format,
+            status=event.status,
+        )
 
     def schema_unavailable(self, event: SchemaUnavailable) -> None:
         self.log.warning("schema_unavailable", route=event.route, reason=event.reason)

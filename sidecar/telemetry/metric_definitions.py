@@ -121,6 +121,12 @@ class Metrics:
             ["result"],
             registry=registry,
         )
+        self.llm_response_format = Counter(
+            "sidecar_llm_response_format_total",
+            "Calls to the repair LLM, by the form their answer was held to",
+            ["format"],
+            registry=registry,
+        )
         self.llm_duration = Histogram(
             "sidecar_llm_duration_seconds",
             "Time of one call to the repair LLM",

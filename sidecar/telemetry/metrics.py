@@ -81,6 +81,7 @@ class MetricsSink(Sink):
 
     def llm_request(self, event: LlmRequest) -> None:
         self._child(self.metrics.llm_requests, event.result).inc()
+        self._child(self.metrics.llm_response_format, event.response_format).inc()
         self.metrics.llm_duration.observe(event.duration_s)
         if event.input_tokens:
             self._child(self.metrics.llm_tokens, "prompt").inc(event.input_tokens)

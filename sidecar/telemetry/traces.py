@@ -237,6 +237,7 @@ class TraceSink(Sink):
             "gen_ai.provider.name": "openai",
             "gen_ai.request.model": self._llm_model,
             "sidecar.llm.result": event.result,
+            "sidecar.llm.response_format": event.response_format,
         }
         if event.input_tokens:
             attributes["gen_ai.usage.input_tokens"] = event.input_tokens

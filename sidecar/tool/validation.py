@@ -172,7 +172,7 @@ VALIDATION_ERROR = re.compile(
 
 def find(message: str, text: str) -> Finding:
     """What an error's envelope ``message`` and body ``text`` say about the payload."""
-    errors = _pydantic_errors(text)
+    errors = pydantic_errors(text)
     if errors is not None:
         in_body = [error for error in errors if _location(error) not in _OUTSIDE_BODY]
         if not in_body:
@@ -183,7 +183,7 @@ def find(message: str, text: str) -> Finding:
     return Finding.NONE
 
 
-def _pydantic_errors(text: str) -> list[dict[str, Any]] | None:
+def pydantic_errors(text: str) -> list[dict[str, Any]] | None:
     """The errors of a FastAPI/pydantic ``detail`` list, or ``None`` when there is none."""
     if not text.lstrip().startswith("{"):
         return None

@@ -1,0 +1,113 @@
+"""The shape the model's answer is held to: the ``response_format`` sent, and the form to
+fall back to when an endpoint refuses one.
+
+Three forms, best first:
+
+- ``json_schema``: OpenAI's structured outputs, which llama.cpp's own server and vLLM take
+  too: the answer's schema, ``corrected_payload`` constrained by the tool's schema.
+- ``json_object_schema``: ``{"type": "json_object", "schema": ...}``, the form
+  llama-cpp-python's server reads (it refuses ``json_schema``): the same schema.
+- ``json_object``: JSON mode alone, which every OpenAI-compatible server takes.
+
+An endpoint that refuses a form (an error answer naming ``response_format``, as OpenAI,
+llama.cpp and llama-cpp-python word it) is not asked for it again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    import openai
+    from openai.types.chat.completion_create_params import ResponseFormat
+
+FORMS = ("json_schema", "json_object_schema", "json_object")
+ANSWER_NAME = "payload_repair"
+
+
+def answer_schema(
+    tool_schema: dict[str, Any] | None, secret_names: Collection[str]
+) -> dict[str, Any]:
+    """The answer's JSON Schema, keys in the order the model must write them.
+
+    ``corrected_payload`` follows the tool's schema, with the fields that hold a secret
+    left free: there the model writes a placeholder, which the tool's rules for the real
+    value (a pattern, a format) would not let it write.
+    """
+    payload: dict[str, Any] = (
+        _loosened(tool_schema, frozenset(secret_names))
+        if tool_schema is not None
+        else {"type": "object"}
+    )
+    return {
+        "type": "object",
+        "properties": {
+            "analysis": {"type": "string"},
+            "corrected_payload": {"anyOf": [payload, {"type": "null"}]},
+            "is_transient": {"type": "boolean"},
+            "can_fix": {"type": "boolean"},
+        },
+        "required": ["analysis", "corrected_payload", "is_transient", "can_fix"],
+        "additionalProperties": False,
+    }
+
+
+def response_format(form: str, schema: dict[str, Any]) -> ResponseFormat:
+    """The ``response_format`` of a chat completion in ``form``."""
+    if form == "json_schema":
+        # ``strict`` is left off: a tool's schema seldom fits OpenAI's strict subset (every
+        # property required, no open object), and OpenAI refuses such a schema under it.
+        return {"type": "json_schema", "json_schema": {"name": ANSWER_NAME, "schema": schema}}
+    if form == "json_object_schema":
+        # Not in the openai package's types: the extra key is what llama-cpp-python reads.
+        return cast("ResponseFormat", {"type": "json_object", "schema": schema})
+    return {"type": "json_object"}
+
+
+def refuses_format(error: openai.APIStatusError) -> bool:
+    """Whether the endpoint refused the ``response_format`` asked for, rather than the call.
+
+    OpenAI answers 400 with ``param`` ``response_format`` (``Invalid parameter:
+    'response_format' of type 'json_schema' is not supported with this model``, ``Unknown
+    parameter: 'response_format.schema'``); llama.cpp's server a 400 naming it;
+    llama-cpp-python's a 500 whose message is pydantic's error at ``('body',
+    'response_format', 'type')``.
+    """
+    if error.status_code not in (400, 422, 500):
+        return False
+    return "response_format" in f"{error.message} {error.body}"
+
+
+class ResponseFormats:
+    """The forms one endpoint takes, best first: a form it refused is never asked again."""
+
+    def __init__(self) -> None:
+        self._refused: set[str] = set()
+
+    @property
+    def current(self) -> str:
+        return next(form for form in FORMS if form not in self._refused)
+
+    def refused(self, form: str) -> bool:
+        """Remember that ``form`` was refused; whether a form is left to fall back to."""
+        if form == FORMS[-1]:
+            return False  # JSON mode is the floor: a refusal of it is the call's error
+        self._refused.add(form)
+        return True
+
+
+def _loosened(schema: Any, names: frozenset[str]) -> Any:
+    """``schema`` with any property named in ``names``, at any depth, free of rules."""
+    if isinstance(schema, list):
+        return [_loosened(item, names) for item in schema]
+    if not isinstance(schema, dict) or not names:
+        return schema
+    loosened = {key: _loosened(value, names) for key, value in schema.items()}
+    properties = schema.get("properties")
+    if isinstance(properties, dict):
+        loosened["properties"] = {
+            name: {} if name in names else _loosened(value, names)
+            for name, value in properties.items()
+        }
+    return loosened
