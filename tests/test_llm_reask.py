@@ -196,20 +196,26 @@ def address_tool():
     return geocode
 
 
-async def test_a_schema_refusal_tells_the_model_the_json_path_and_the_rule(
-    make_tool, make_sidecar, make_llm, tmp_path: Path
-):
+async def geocoder(make_tool, make_sidecar, llm, tmp_path: Path):
+    """The address tool behind a sidecar whose route knows its schema, repairing with ``llm``."""
     tool = await make_tool(address_tool())
     schema = tmp_path / "schema.json"
     schema.write_text(json.dumps(ADDRESS_SCHEMA))
-    llm = await make_llm(
-        fix({"address": {"city": "Flower Mound", "country": "USA"}}),
-        fix({"address": {"city": "Flower Mound", "country": "US"}}),
-    )
     sidecar = await make_sidecar(
         routes=[{"name": "geo", "prefix": "/", "upstream": tool.url, "schema": str(schema)}],
         llm_base_url=llm.base_url,
     )
+    return tool, sidecar
+
+
+async def test_a_schema_refusal_tells_the_model_the_json_path_and_the_rule(
+    make_tool, make_sidecar, make_llm, tmp_path: Path
+):
+    llm = await make_llm(
+        fix({"address": {"city": "Flower Mound", "country": "USA"}}),
+        fix({"address": {"city": "Flower Mound", "country": "US"}}),
+    )
+    tool, sidecar = await geocoder(make_tool, make_sidecar, llm, tmp_path)
 
     response = await sidecar.client.post("/geocode", json={"address": "Flower Mound, TX"})
 
@@ -225,17 +231,11 @@ async def test_a_schema_refusal_tells_the_model_the_json_path_and_the_rule(
 async def test_a_refusal_sent_back_to_the_model_holds_no_secret(
     make_tool, make_sidecar, make_llm, tmp_path: Path
 ):
-    tool = await make_tool(address_tool())
-    schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps(ADDRESS_SCHEMA))
     # The model keeps the placeholder it was given; the real key, put back, fails the
     # schema's pattern, and the reason must not quote it.
     answer = fix({"api_key": "<redacted-1>", "address": {"city": "Flower Mound", "country": "US"}})
     llm = await make_llm(answer)
-    sidecar = await make_sidecar(
-        routes=[{"name": "geo", "prefix": "/", "upstream": tool.url, "schema": str(schema)}],
-        llm_base_url=llm.base_url,
-    )
+    _, sidecar = await geocoder(make_tool, make_sidecar, llm, tmp_path)
 
     response = await sidecar.client.post(
         "/geocode", json={"api_key": "sk-live-4242", "address": "Flower Mound, TX"}

@@ -12,7 +12,7 @@ from aiohttp import web
 from structlog.testing import capture_logs
 
 from tests.conftest import completion
-from tests.test_llm_reask import ADDRESS_SCHEMA, address_tool
+from tests.test_llm_reask import ADDRESS_SCHEMA, geocoder
 from tests.test_repair import CORRECT_CITY, fix, location_tool
 
 ANSWER_KEYS = ["analysis", "corrected_payload", "is_transient", "can_fix"]
@@ -59,16 +59,10 @@ def form_of(request: dict[str, Any]) -> str:
 async def test_the_answer_is_asked_for_in_json_schema_with_the_tools_schema(
     make_tool, make_sidecar, make_llm, tmp_path: Path
 ):
-    tool = await make_tool(address_tool())
-    schema = tmp_path / "schema.json"
-    schema.write_text(json.dumps(ADDRESS_SCHEMA))
     llm = await make_llm(
         fix({"api_key": "<redacted-1>", "address": {"city": "Flower Mound", "country": "US"}})
     )
-    sidecar = await make_sidecar(
-        routes=[{"name": "geo", "prefix": "/", "upstream": tool.url, "schema": str(schema)}],
-        llm_base_url=llm.base_url,
-    )
+    _, sidecar = await geocoder(make_tool, make_sidecar, llm, tmp_path)
 
     response = await sidecar.client.post(
         "/geocode", json={"api_key": "key-4242", "address": "Flower Mound, TX"}
