@@ -151,9 +151,13 @@ def _named(failure: ToolFailure | None, words: str, payload: dict[str, Any]) -> 
     for pattern in _MISSING:
         for found in pattern.finditer(words):
             yield found[1]
+    named: dict[str, bool] = {}  # each name's regex once: a payload may hold many fields
     for path, value in _leaves(payload):
-        name = re.escape(path.rpartition(".")[2])
-        if re.search(_NAMED_AS.format(name=name), words):
+        name = path.rpartition(".")[2]
+        if name not in named:
+            named_as = _NAMED_AS.format(name=re.escape(name))
+            named[name] = name in words and re.search(named_as, words) is not None
+        if named[name]:
             yield path
         elif isinstance(value, str) and len(value) > 1 and f"'{value}'" in words:
             yield path  # the value sent, quoted back: "City 'Springfield, IL' not found"
