@@ -482,6 +482,11 @@ async def _not_chat() -> web.Response:
     return web.json_response({"unexpected": "shape"})
 
 
+def nested_json(depth: int) -> str:
+    """``depth`` JSON objects, one inside the other."""
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
 STRICT_SCHEMA = {
     "type": "object",
     "additionalProperties": False,
@@ -499,6 +504,7 @@ STRICT_SCHEMA = {
         (json.dumps(fix({"location": "Flower Mound, TX"})), "ok"),  # the same payload again
         (json.dumps(fix({"location": "x" * 500})), "ok"),  # many times larger
         (json.dumps(fix({"location": CORRECT_CITY, "forward_to": "http://evil"})), "ok"),
+        ('{"can_fix": true, "corrected_payload": ' + nested_json(600) + "}", "invalid"),
         (_rate_limited, "error"),
         (_server_error, "error"),
         (_stall, "timeout"),
@@ -512,6 +518,7 @@ STRICT_SCHEMA = {
         "same-payload",
         "too-large",
         "fails-schema",
+        "too-deep",
         "llm-429",
         "llm-500",
         "llm-timeout",
@@ -549,6 +556,58 @@ async def test_every_refusal_returns_the_tools_real_answer_byte_identical(
         for result in ("ok", "error", "timeout", "invalid")
     )
     assert calls == 1, "one model call is counted once"
+
+
+@pytest.mark.parametrize(("depth", "repaired"), [(64, True), (65, False), (600, False)])
+async def test_a_payload_nested_too_deep_for_repair_gets_the_tools_own_answer(
+    make_tool, make_sidecar, make_llm, depth, repaired
+):
+    tool = await make_tool(location_tool())
+    more = nested_json(depth - 1)
+    corrected = f'{{"location": "{CORRECT_CITY}", "more": {more}}}'
+    llm = await make_llm(fix(json.loads(corrected)) if repaired else _server_error)
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+    sent = f'{{"location": "Flower Mound, TX", "more": {more}}}'
+    direct = await (await sidecar.client.session.post(tool.url, data=sent)).read()
+
+    response = await sidecar.client.post(
+        "/w", data=sent, headers={"Content-Type": "application/json"}
+    )
+
+    if repaired:
+        assert response.status == 200
+        assert orjson.loads(tool.seen[-1].body) == orjson.loads(corrected)
+        return
+    assert response.status == 404
+    assert await response.read() == direct
+    assert response.headers["X-Sidecar-Trail"] == "404 repair=none"
+    assert tool.seen[-1].body == sent.encode(), "passed on as the agent sent it"
+    assert llm.requests == []
+
+
+@pytest.mark.parametrize(("depth", "read"), [(62, True), (600, False)])
+async def test_a_tool_answer_nested_too_deep_is_relayed_and_not_read(
+    make_tool, make_sidecar, make_llm, depth, read
+):
+    answer = (
+        '{"success": false, "error": {"code": "BAD_LOCATION", "message": "location is wrong",'
+        ' "category": "INPUT_ERROR", "retryable": true, "details": ' + nested_json(depth) + "}}"
+    ).encode()
+
+    async def refuse(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(status=400, body=answer, content_type="application/json")
+
+    tool = await make_tool(refuse)
+    llm = await make_llm(fix({"location": CORRECT_CITY}))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url, llm_max_repairs=1)
+
+    response = await sidecar.client.post("/w", json={"location": "Flower Mound, TX"})
+
+    assert response.status == 400
+    assert await response.read() == answer
+    # Read, its envelope asks for a repair; too deep to read, the status alone decides.
+    assert len(llm.requests) == (1 if read else 0)
 
 
 async def test_an_instruction_injected_by_the_tool_is_only_ever_data(

@@ -17,6 +17,7 @@ from sidecar.repair.coercion import coerce
 from sidecar.repair.llm_prompt import LlmRequest
 from sidecar.repair.payload import fingerprint
 from sidecar.repair.redact import Redactor
+from sidecar.tool.json_value import MAX_DEPTH, nests_within
 
 MAX_GROWTH = 4
 _SHOWN_SCHEMA_ERRORS = 3
@@ -107,6 +108,8 @@ def _parse(content: str, redactor: Redactor) -> tuple[LlmAnswer, dict[str, Any] 
     if document["can_fix"] and not isinstance(corrected, dict):
         raise Refused("not_object", "corrected_payload is not a JSON object")
     written = corrected if isinstance(corrected, dict) else None
+    if written is not None and not nests_within(written, MAX_DEPTH):
+        raise Refused("too_deep", f"corrected_payload nests deeper than {MAX_DEPTH} levels")
     answer = LlmAnswer(
         can_fix=document["can_fix"],
         is_transient=document.get("is_transient") is True,

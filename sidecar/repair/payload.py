@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from sidecar.repair.jsontext import dumps, rewrite
+from sidecar.tool.json_value import parse_json
 
 if TYPE_CHECKING:
     from sidecar.repair.llm_prompt import Conversation
@@ -33,11 +34,9 @@ class Payload:
 
     @cached_property
     def value(self) -> Any:
-        """The body's JSON value (an integer past 64 bits reads as a float), or ``None``."""
-        try:
-            return orjson.loads(self.body)
-        except orjson.JSONDecodeError:
-            return None
+        """The body's JSON value (an integer past 64 bits reads as a float), or ``None`` when
+        it is not JSON or nests too deep (``json_value``): then no layer repairs it."""
+        return parse_json(self.body)
 
     @property
     def document(self) -> dict[str, Any] | None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sidecar.tool.envelopes import parse_json
+from sidecar.tool.json_value import parse_json
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 AGENT_KEY_HEADER = "Idempotency-Key"

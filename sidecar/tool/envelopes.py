@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from sidecar.tool.json_value import parse_json
+
 # A compressed body is inflated for inspection only up to this size: a few hundred KiB of
 # JSON is plenty to judge, and a zip bomb inflates no further.
 MAX_INFLATED_BYTES = 1024 * 1024
@@ -123,14 +125,6 @@ def _inflate_zstd(body: bytes) -> bytes | None:
     except zstandard.ZstdError:
         return None
     return b"".join(pieces)
-
-
-def parse_json(body: bytes) -> Any:
-    """The JSON value of ``body``, or ``None`` when it is not JSON."""
-    try:
-        return orjson.loads(body)
-    except (orjson.JSONDecodeError, TypeError):
-        return None
 
 
 def first_event(stream: bytes | bytearray) -> bytes | None:
