@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
@@ -46,6 +47,14 @@ OPENAI_UNKNOWN_SCHEMA = {
         "code": "unknown_parameter",
     }
 }
+
+# What llama.cpp's server answers when it cannot make a grammar of the schema for the model
+# (llama.cpp issues 11847 and 21600): the schema or the grammar is named, not the field.
+LLAMA_SERVER_GRAMMAR_REFUSALS = [
+    'Either "json_schema" or "grammar" can be specified, but not both',
+    "Failed to initialize samplers: Unexpected empty grammar stack after accepting piece:"
+    " <think> (248068)",
+]
 
 
 def form_of(request: dict[str, Any]) -> str:
@@ -170,6 +179,33 @@ async def test_an_endpoint_refusing_both_schema_forms_gets_plain_json_mode(
     assert llm.requests[-1]["response_format"] == {"type": "json_object"}
     assert sidecar.metric("sidecar_llm_response_format_total", format="json_object") == 2
     assert sidecar.metric("sidecar_llm_requests_total", result="ok") == 2
+
+
+@pytest.mark.parametrize(
+    "message", LLAMA_SERVER_GRAMMAR_REFUSALS, ids=["schema-or-grammar", "empty-grammar-stack"]
+)
+async def test_a_schema_the_endpoint_cannot_make_a_grammar_of_falls_back_to_json_mode(
+    make_tool, make_sidecar, make_llm, message
+):
+    async def llama_server() -> web.Response:
+        if form_of(llm.requests[-1]) != "json_object":
+            error = {"code": 400, "message": message, "type": "invalid_request_error"}
+            return web.json_response({"error": error}, status=400)
+        return completion(json.dumps(fix({"location": CORRECT_CITY})))
+
+    tool = await make_tool(location_tool())
+    llm = await make_llm(llama_server)
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    response = await sidecar.client.post("/w", json={"location": "Flower Mound, TX"})
+
+    assert response.status == 200
+    assert [form_of(request) for request in llm.requests] == [
+        "json_schema",
+        "json_object_schema",
+        "json_object",
+    ]
+    assert sidecar.metric("sidecar_llm_requests_total", result="ok") == 1
 
 
 async def test_a_refusal_naming_something_else_is_the_calls_error_and_changes_no_form(

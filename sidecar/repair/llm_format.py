@@ -9,12 +9,14 @@ Three forms, best first:
   llama-cpp-python's server reads (it refuses ``json_schema``): the same schema.
 - ``json_object``: JSON mode alone, which every OpenAI-compatible server takes.
 
-An endpoint that refuses a form (an error answer naming ``response_format``, as OpenAI,
-llama.cpp and llama-cpp-python word it) is not asked for it again.
+An endpoint that refuses a form (an error answer naming ``response_format``, the schema or
+the grammar it compiles the schema to, as OpenAI, llama.cpp and llama-cpp-python word it)
+is not asked for it again.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     from openai.types.chat.completion_create_params import ResponseFormat
 
 FORMS = ("json_schema", "json_object_schema", "json_object")
+# What an endpoint's refusal of a form names: the field, the schema, or the grammar it became.
+_NAMES_FORM = re.compile(r"response_format|schema|grammar", re.IGNORECASE)
 ANSWER_NAME = "payload_repair"
 
 
@@ -70,13 +74,16 @@ def refuses_format(error: openai.APIStatusError) -> bool:
 
     OpenAI answers 400 with ``param`` ``response_format`` (``Invalid parameter:
     'response_format' of type 'json_schema' is not supported with this model``, ``Unknown
-    parameter: 'response_format.schema'``); llama.cpp's server a 400 naming it;
-    llama-cpp-python's a 500 whose message is pydantic's error at ``('body',
-    'response_format', 'type')``.
+    parameter: 'response_format.schema'``); llama-cpp-python's server a 500 whose message is
+    pydantic's error at ``('body', 'response_format', 'type')``. llama.cpp's server compiles
+    the schema to a grammar, and a schema or template it cannot do that for is a 400 that
+    names the schema or the grammar, not the field (``Either "json_schema" or "grammar" can
+    be specified, but not both``; ``Failed to initialize samplers: Unexpected empty grammar
+    stack after accepting piece: <think>``).
     """
     if error.status_code not in (400, 422, 500):
         return False
-    return "response_format" in f"{error.message} {error.body}"
+    return _NAMES_FORM.search(f"{error.message} {error.body}") is not None
 
 
 class ResponseFormats:
