@@ -1,0 +1,33 @@
+"""Odd and hostile input through the LLM repair layer: tool answers, payloads and model
+replies that must neither break the sidecar nor carry a secret to the model."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from tests.conftest import scripted
+from tests.test_repair import fix
+
+# FastAPI's answer to a body it refused, with ``loc`` nested past Python's recursion limit.
+_DEEP_LOC = "[" * 1010 + "]" * 1010
+DEEP_DETAIL = (
+    '{"detail": [{"type": "missing", "loc": ["body", ' + _DEEP_LOC + '], "msg": "Field required"}]}'
+)
+
+
+async def test_a_pydantic_detail_nested_too_deep_gets_the_tools_own_answer(
+    make_tool, make_sidecar, make_llm
+):
+    def deep() -> web.Response:
+        return web.Response(text=DEEP_DETAIL, status=422, content_type="application/json")
+
+    tool = await make_tool(scripted(deep))
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    response = await sidecar.client.post("/items", json={"name": "x"})
+
+    assert response.status == 422
+    assert await response.text() == DEEP_DETAIL
+    # Read as text, not as a detail list: the model still gets the tool's words.
+    assert llm.prompt()["fix"] == [{"tool_says": DEEP_DETAIL[:600]}]
