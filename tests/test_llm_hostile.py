@@ -3,6 +3,8 @@ replies that must neither break the sidecar nor carry a secret to the model."""
 
 from __future__ import annotations
 
+import json
+
 from aiohttp import web
 
 from tests.conftest import scripted
@@ -31,3 +33,41 @@ async def test_a_pydantic_detail_nested_too_deep_gets_the_tools_own_answer(
     assert await response.text() == DEEP_DETAIL
     # Read as text, not as a detail list: the model still gets the tool's words.
     assert llm.prompt()["fix"] == [{"tool_says": DEEP_DETAIL[:600]}]
+
+
+async def test_a_field_inside_an_array_is_shown_with_what_was_sent_there(
+    make_tool, make_sidecar, make_llm, tmp_path
+):
+    refused = {
+        "detail": [
+            {
+                "type": "string_type",
+                "loc": ["body", "items", 1, "name"],
+                "msg": "Input should be a valid string",
+            }
+        ]
+    }
+    item = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}}}
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": item}}}
+
+    tool = await make_tool(scripted(lambda: web.json_response(refused, status=422)))
+    llm = await make_llm(fix({}, can_fix=False))
+    schema_path = tmp_path / "schema.json"
+    schema_path.write_text(json.dumps(schema))
+    sidecar = await make_sidecar(
+        routes=[
+            {"name": "orders", "prefix": "/", "upstream": tool.url, "schema": str(schema_path)}
+        ],
+        llm_base_url=llm.base_url,
+    )
+
+    await sidecar.client.post("/orders", json={"items": [{"name": "tea"}, {"name": ["milk"]}]})
+
+    assert llm.prompt()["fix"] == [
+        {
+            "field": "items.1.name",
+            "sent": ["milk"],
+            "tool_says": "Input should be a valid string",
+            "schema": {"type": "string", "minLength": 1},
+        }
+    ]

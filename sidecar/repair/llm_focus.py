@@ -181,11 +181,21 @@ _ABSENT = _Absent()
 
 
 def _at(document: Any, dotted: str, *, through_properties: bool = False) -> Any:
-    """The value at ``dotted`` in ``document`` (or in a schema's properties), else ``_ABSENT``."""
+    """The value at ``dotted`` in ``document`` (or in a schema's properties), else ``_ABSENT``.
+
+    A number steps into an array, as pydantic's ``loc`` and the tools' ``items.3.name`` do.
+    """
     for part in dotted.split(".") if dotted else ():
-        if through_properties and isinstance(document, dict) and "properties" in document:
-            document = document["properties"]
-        if not isinstance(document, dict) or part not in document:
+        index = int(part) if part.isascii() and part.isdigit() else None
+        if through_properties and isinstance(document, dict):
+            if index is not None and isinstance(document.get("items"), dict):
+                document = document["items"]  # every element has the one schema
+                continue
+            document = document.get("properties", document)
+        if isinstance(document, list) and index is not None and index < len(document):
+            document = document[index]
+        elif isinstance(document, dict) and part in document:
+            document = document[part]
+        else:
             return _ABSENT
-        document = document[part]
     return document
