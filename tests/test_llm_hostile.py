@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import json
 
+import orjson
 from aiohttp import web
 
-from tests.conftest import scripted
-from tests.test_repair import fix
+from tests.conftest import completion, scripted
+from tests.test_repair import CORRECT_CITY, fix, location_tool
 
 # FastAPI's answer to a body it refused, with ``loc`` nested past Python's recursion limit.
 _DEEP_LOC = "[" * 1010 + "]" * 1010
@@ -71,3 +72,28 @@ async def test_a_field_inside_an_array_is_shown_with_what_was_sent_there(
             "schema": {"type": "string", "minLength": 1},
         }
     ]
+
+
+async def test_a_secret_written_before_its_own_field_is_hidden_there_too(
+    make_tool, make_sidecar, make_llm
+):
+    async def echo_back() -> web.Response:
+        written = llm.prompt()["failed_payload"]
+        return completion(json.dumps(fix({**written, "location": CORRECT_CITY})))
+
+    tool = await make_tool(location_tool())
+    llm = await make_llm(echo_back)
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+    # A field that holds the key comes before the field whose name marks it secret.
+    payload = {
+        "note": "billing key sk-live-55555555",
+        "location": "Flower Mound, TX",
+        "api_key": "sk-live-55555555",
+    }
+
+    response = await sidecar.client.post("/w", json=payload)
+
+    assert response.status == 200
+    assert "sk-live-55555555" not in json.dumps(llm.requests)
+    assert llm.prompt()["failed_payload"]["note"] == "billing key <redacted-1>"
+    assert orjson.loads(tool.seen[1].body) == {**payload, "location": CORRECT_CITY}
