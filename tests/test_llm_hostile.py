@@ -97,3 +97,28 @@ async def test_a_secret_written_before_its_own_field_is_hidden_there_too(
     assert "sk-live-55555555" not in json.dumps(llm.requests)
     assert llm.prompt()["failed_payload"]["note"] == "billing key <redacted-1>"
     assert orjson.loads(tool.seen[1].body) == {**payload, "location": CORRECT_CITY}
+
+
+async def test_a_secret_the_tools_details_name_is_hidden_in_its_message_too(
+    make_tool, make_sidecar, make_llm
+):
+    refusal = {
+        "success": False,
+        "error": {
+            "code": "INVALID_LOCATION",
+            "message": "invalid value for location in session sess-998877665544",
+            "category": "INPUT_ERROR",
+            "retryable": True,
+            "details": {"session_id": "sess-998877665544"},
+        },
+    }
+    tool = await make_tool(scripted(lambda: web.json_response(refusal, status=400)))
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    await sidecar.client.post("/w", json={"location": "Flower Mound, TX"})
+
+    assert "sess-998877665544" not in json.dumps(llm.requests)
+    error = llm.prompt()["tool_answer"]["error"]
+    assert error["message"] == "invalid value for location in session <redacted-1>"
+    assert error["details"] == {"session_id": "<redacted-1>"}
