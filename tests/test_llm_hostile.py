@@ -122,3 +122,31 @@ async def test_a_secret_the_tools_details_name_is_hidden_in_its_message_too(
     error = llm.prompt()["tool_answer"]["error"]
     assert error["message"] == "invalid value for location in session <redacted-1>"
     assert error["details"] == {"session_id": "<redacted-1>"}
+
+
+async def test_a_secret_the_tool_echoes_where_its_words_are_cut_is_not_half_shown(
+    make_tool, make_sidecar, make_llm
+):
+    secret = "k9Qz7Wm2Xv4Bn8Lp3Rt6"
+
+    async def echoing(request: web.Request) -> web.Response:
+        payload = await request.json()
+        # The key straddles the 600th character, where the words the model reads first end.
+        message = "invalid value: " + "x" * 570 + " for key " + payload["api_key"]
+        error = {
+            "code": "BAD_KEY",
+            "message": message,
+            "category": "INPUT_ERROR",
+            "retryable": True,
+        }
+        return web.json_response({"success": False, "error": error}, status=400)
+
+    tool = await make_tool(echoing)
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    await sidecar.client.post("/w", json={"location": "Flower Mound, TX", "api_key": secret})
+
+    assert secret[:6] not in json.dumps(llm.requests)
+    [said] = llm.prompt()["fix"]
+    assert said["tool_says"].startswith("invalid value: xxx")

@@ -70,7 +70,8 @@ def at_fault(
             )
             for error in in_body[:_MAX_FIELDS]
         ]
-    words = redactor.redact_text(_words(failure, body_text))
+    # Cut once redacted: a secret the tool echoes across the cut is not shown in part.
+    words = redactor.redact_text(_words(failure, body_text))[:_MAX_WORDS]
     go = _GO_UNMARSHAL.search(words)
     if go is not None and go[2]:
         wants = next((said for kind, said in _GO_WANTS if kind.fullmatch(go[3])), None)
@@ -124,12 +125,12 @@ def _without_body(location: list[Any]) -> list[Any]:
 def _words(failure: ToolFailure | None, body_text: str) -> str:
     """The tool's words: its message and every hint its details give, or its body's text."""
     if failure is None:
-        return " ".join(body_text.split())[:_MAX_WORDS]
+        return " ".join(body_text.split())
     parts = [failure.message]
     for key, value in failure.details.items():
         said = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
         parts.append(f"{key}: {said}")
-    return "; ".join(part for part in parts if part)[:_MAX_WORDS]
+    return "; ".join(part for part in parts if part)
 
 
 def _extra_words(body_text: str) -> str:
