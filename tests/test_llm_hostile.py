@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import orjson
+import pytest
 from aiohttp import web
 
 from tests.conftest import completion, scripted
@@ -150,3 +151,40 @@ async def test_a_secret_the_tool_echoes_where_its_words_are_cut_is_not_half_show
     assert secret[:6] not in json.dumps(llm.requests)
     [said] = llm.prompt()["fix"]
     assert said["tool_says"].startswith("invalid value: xxx")
+
+
+COUNT_SCHEMA = {
+    "type": "object",
+    "properties": {"count": {"type": "integer"}, "name": {"type": "string"}},
+}
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_a_correction_with_an_integer_past_64_bits_is_sent_exactly(
+    make_tool, make_sidecar, make_llm, tmp_path, request, shared
+):
+    async def counter(request: web.Request) -> web.Response:
+        if (await request.json())["name"] == "b":
+            return web.json_response({"success": True})
+        error = {"code": "BAD", "message": "invalid value for name", "retryable": True}
+        return web.json_response({"success": False, "error": error}, status=400)
+
+    tool = await make_tool(counter)
+    # Written as a string: the schema's type makes it the integer it spells.
+    llm = await make_llm(fix({"count": "123456789012345678901234567890", "name": "b"}))
+    schema_path = tmp_path / "schema.json"
+    schema_path.write_text(json.dumps(COUNT_SCHEMA))
+    route = {"name": "counts", "prefix": "/", "upstream": tool.url, "schema": str(schema_path)}
+    # Shared, the answer is also stored for the fleet, and read back by the next replica.
+    store = {"state_url": request.getfixturevalue("redis_store").url} if shared else {}
+    sidecar = await make_sidecar(routes=[route], llm_base_url=llm.base_url, **store)
+
+    response = await sidecar.client.post("/count", json={"count": 1, "name": "a"})
+
+    assert response.status == 200
+    assert tool.seen[1].body == b'{"count": 123456789012345678901234567890, "name": "b"}'
+    if shared:
+        again = await make_sidecar(routes=[route], llm_base_url=llm.base_url, **store)
+        assert (await again.client.post("/count", json={"count": 1, "name": "a"})).status == 200
+        assert tool.seen[3].body == tool.seen[1].body
+        assert len(llm.requests) == 1
