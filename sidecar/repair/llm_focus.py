@@ -63,7 +63,7 @@ def at_fault(
         hint = _extra_words(body_text)
         return [
             _entry(
-                ".".join(str(part) for part in _without_body(error["loc"])),
+                redactor.redact_text(".".join(str(part) for part in _without_body(error["loc"]))),
                 redactor.redact_text(str(error.get("msg", "")) + hint),
                 payload,
                 schema,
@@ -77,7 +77,9 @@ def at_fault(
         wants = next((said for kind, said in _GO_WANTS if kind.fullmatch(go[3])), None)
         entry = _entry(go[2].partition(".")[2], words, payload, schema)
         return [{**entry, "tool_wants": wants} if wants else entry]
-    fields = list(dict.fromkeys(_named(failure, words, payload)))[:_MAX_FIELDS]
+    # A field the tool names is the tool's words too: redacted like them.
+    named = (redactor.redact_text(field) for field in _named(failure, words, payload))
+    fields = list(dict.fromkeys(named))[:_MAX_FIELDS]
     if not fields:
         return [{"tool_says": words}]
     return [_entry(field, words, payload, schema) for field in fields]
