@@ -15,6 +15,7 @@ llama.cpp and llama-cpp-python word it) is not asked for it again.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, cast
 
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
     from openai.types.chat.completion_create_params import ResponseFormat
 
 FORMS = ("json_schema", "json_object_schema", "json_object")
+# Where pydantic locates an error in the request llama-cpp-python's server refused.
+_AT_RESPONSE_FORMAT = re.compile(r"\(\s*'body',\s*'response_format'")
 ANSWER_NAME = "payload_repair"
 
 
@@ -72,11 +75,13 @@ def refuses_format(error: openai.APIStatusError) -> bool:
     'response_format' of type 'json_schema' is not supported with this model``, ``Unknown
     parameter: 'response_format.schema'``); llama.cpp's server a 400 naming it;
     llama-cpp-python's a 500 whose message is pydantic's error at ``('body',
-    'response_format', 'type')``.
+    'response_format', 'type')``. Any other 500 is the call's error, whatever it names: a
+    server that crashed once must not cost every later call its form.
     """
-    if error.status_code not in (400, 422, 500):
-        return False
-    return "response_format" in f"{error.message} {error.body}"
+    said = f"{error.message} {error.body}"
+    if error.status_code == 500:
+        return _AT_RESPONSE_FORMAT.search(said) is not None
+    return error.status_code in (400, 422) and "response_format" in said
 
 
 class ResponseFormats:
