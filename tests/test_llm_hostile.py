@@ -188,3 +188,19 @@ async def test_a_correction_with_an_integer_past_64_bits_is_sent_exactly(
         assert (await again.client.post("/count", json={"count": 1, "name": "a"})).status == 200
         assert tool.seen[3].body == tool.seen[1].body
         assert len(llm.requests) == 1
+
+
+async def test_a_long_run_of_words_and_dashes_is_read_into_the_prompt_in_one_pass(
+    make_tool, make_sidecar, make_llm
+):
+    # Each "a" could start a URL scheme: a scheme matched without bound made this one string
+    # cost time quadratic in its length (hours, with the event loop held all along).
+    run = "a-" * 500_000
+    tool = await make_tool(location_tool())
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    response = await sidecar.client.post("/w", json={"location": "Flower Mound, TX", "note": run})
+
+    assert response.status == 404
+    assert llm.prompt()["failed_payload"]["note"] == run
