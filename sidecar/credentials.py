@@ -31,8 +31,9 @@ QUERY_CREDENTIAL = re.compile(
 # An HTTP credential (``Authorization: Bearer …``) written out: the value is group 3.
 HTTP_CREDENTIAL = re.compile(r"(?i)\b(Bearer|Basic|Token)(\s+)([A-Za-z0-9._~+/=-]{6,})")
 # ``user:password@`` in a URL, in group 2. Greedy up to the last ``@`` of the authority:
-# a password may hold an unescaped ``@``.
-URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#\s\"'<>]*@)")
+# a password may hold an unescaped ``@``. The scheme is bounded: unbounded, every letter of
+# a long run such as ``a-a-a-…`` started a scan to the run's end, time quadratic in it.
+URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,31}://)([^/?#\s\"'<>]*@)")
 
 MASK = "***"
 

@@ -234,3 +234,31 @@ async def test_a_refusal_naming_something_else_is_the_calls_error_and_changes_no
     assert [form_of(request) for request in llm.requests] == ["json_schema", "json_schema"]
     assert sidecar.metric("sidecar_llm_requests_total", result="error") == 2
     assert sidecar.metric("sidecar_llm_response_format_total", format="json_schema") == 2
+
+
+async def test_a_server_error_that_merely_names_response_format_changes_no_form(
+    make_tool, make_sidecar, make_llm
+):
+    crashed = {
+        "error": {
+            "message": "worker crashed while decoding with response_format json_schema; retry",
+            "type": "server_error",
+        }
+    }
+
+    async def crashes_once() -> web.Response:
+        if len(llm.requests) == 1:
+            return web.json_response(crashed, status=500)
+        return completion(json.dumps(fix({"location": CORRECT_CITY})))
+
+    tool = await make_tool(location_tool())
+    llm = await make_llm(crashes_once)
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    first = await sidecar.client.post("/w", json={"location": "Flower Mound, TX"})
+    second = await sidecar.client.post("/w", json={"location": "Flower Mound"})
+
+    # The crash is that call's error; the endpoint still takes the best form.
+    assert (first.status, second.status) == (404, 200)
+    assert [form_of(request) for request in llm.requests] == ["json_schema", "json_schema"]
+    assert sidecar.metric("sidecar_llm_requests_total", result="error") == 1

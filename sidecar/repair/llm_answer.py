@@ -7,6 +7,7 @@ wrong, in words the model can be told when it is asked again.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from dataclasses import dataclass, replace
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import orjson
 
 from sidecar.repair.coercion import coerce
+from sidecar.repair.jsontext import dumps
 from sidecar.repair.llm_prompt import LlmRequest
 from sidecar.repair.payload import fingerprint
 from sidecar.repair.redact import Redactor
@@ -32,11 +34,11 @@ class LlmAnswer:
 
     def to_json(self) -> bytes:
         fields = {"can_fix": self.can_fix, "is_transient": self.is_transient}
-        return orjson.dumps({**fields, "corrected": self.corrected})
+        return dumps({**fields, "corrected": self.corrected}).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> LlmAnswer:
-        document = orjson.loads(data)
+        document = json.loads(data)  # integers of any size, as ``to_json`` wrote them
         return cls(document["can_fix"], document["is_transient"], document["corrected"])
 
     def restored(self, redactor: Redactor) -> LlmAnswer:
@@ -150,7 +152,8 @@ def check_correction(
             "corrected_payload is a payload already tried, and the tool refused it: "
             "propose a different one, or set can_fix to false",
         )
-    if len(orjson.dumps(corrected, default=str)) > MAX_GROWTH * max(len(orjson.dumps(original)), 1):
+    # Measured as the text sent: a coerced integer may be past 64 bits, which orjson refuses.
+    if len(dumps(corrected).encode()) > MAX_GROWTH * max(len(dumps(original).encode()), 1):
         raise Refused(
             "too_large",
             "corrected_payload is more than four times larger than the original",

@@ -63,20 +63,23 @@ def at_fault(
         hint = _extra_words(body_text)
         return [
             _entry(
-                ".".join(str(part) for part in _without_body(error["loc"])),
+                redactor.redact_text(".".join(str(part) for part in _without_body(error["loc"]))),
                 redactor.redact_text(str(error.get("msg", "")) + hint),
                 payload,
                 schema,
             )
             for error in in_body[:_MAX_FIELDS]
         ]
-    words = redactor.redact_text(_words(failure, body_text))
+    # Cut once redacted: a secret the tool echoes across the cut is not shown in part.
+    words = redactor.redact_text(_words(failure, body_text))[:_MAX_WORDS]
     go = _GO_UNMARSHAL.search(words)
     if go is not None and go[2]:
         wants = next((said for kind, said in _GO_WANTS if kind.fullmatch(go[3])), None)
         entry = _entry(go[2].partition(".")[2], words, payload, schema)
         return [{**entry, "tool_wants": wants} if wants else entry]
-    fields = list(dict.fromkeys(_named(failure, words, payload)))[:_MAX_FIELDS]
+    # A field the tool names is the tool's words too: redacted like them.
+    named = (redactor.redact_text(field) for field in _named(failure, words, payload))
+    fields = list(dict.fromkeys(named))[:_MAX_FIELDS]
     if not fields:
         return [{"tool_says": words}]
     return [_entry(field, words, payload, schema) for field in fields]
@@ -124,12 +127,12 @@ def _without_body(location: list[Any]) -> list[Any]:
 def _words(failure: ToolFailure | None, body_text: str) -> str:
     """The tool's words: its message and every hint its details give, or its body's text."""
     if failure is None:
-        return " ".join(body_text.split())[:_MAX_WORDS]
+        return " ".join(body_text.split())
     parts = [failure.message]
     for key, value in failure.details.items():
         said = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
         parts.append(f"{key}: {said}")
-    return "; ".join(part for part in parts if part)[:_MAX_WORDS]
+    return "; ".join(part for part in parts if part)
 
 
 def _extra_words(body_text: str) -> str:
@@ -181,11 +184,21 @@ _ABSENT = _Absent()
 
 
 def _at(document: Any, dotted: str, *, through_properties: bool = False) -> Any:
-    """The value at ``dotted`` in ``document`` (or in a schema's properties), else ``_ABSENT``."""
+    """The value at ``dotted`` in ``document`` (or in a schema's properties), else ``_ABSENT``.
+
+    A number steps into an array, as pydantic's ``loc`` and the tools' ``items.3.name`` do.
+    """
     for part in dotted.split(".") if dotted else ():
-        if through_properties and isinstance(document, dict) and "properties" in document:
-            document = document["properties"]
-        if not isinstance(document, dict) or part not in document:
+        index = int(part) if part.isascii() and part.isdigit() else None
+        if through_properties and isinstance(document, dict):
+            if index is not None and isinstance(document.get("items"), dict):
+                document = document["items"]  # every element has the one schema
+                continue
+            document = document.get("properties", document)
+        if isinstance(document, list) and index is not None and index < len(document):
+            document = document[index]
+        elif isinstance(document, dict) and part in document:
+            document = document[part]
+        else:
             return _ABSENT
-        document = document[part]
     return document

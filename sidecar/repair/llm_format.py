@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     from openai.types.chat.completion_create_params import ResponseFormat
 
 FORMS = ("json_schema", "json_object_schema", "json_object")
-# What an endpoint's refusal of a form names: the field, the schema, or the grammar it became.
+# What a 400 refusing a form names: the field, the schema, or the grammar it became.
 _NAMES_FORM = re.compile(r"response_format|schema|grammar", re.IGNORECASE)
+# Where pydantic locates an error in the request llama-cpp-python's server refused.
+_AT_RESPONSE_FORMAT = re.compile(r"\(\s*'body',\s*'response_format'")
 ANSWER_NAME = "payload_repair"
 
 
@@ -79,11 +81,13 @@ def refuses_format(error: openai.APIStatusError) -> bool:
     the schema to a grammar, and a schema or template it cannot do that for is a 400 that
     names the schema or the grammar, not the field (``Either "json_schema" or "grammar" can
     be specified, but not both``; ``Failed to initialize samplers: Unexpected empty grammar
-    stack after accepting piece: <think>``).
+    stack after accepting piece: <think>``). Any other 500 is the call's error, whatever it
+    names: a server that crashed once must not cost every later call its form.
     """
-    if error.status_code not in (400, 422, 500):
-        return False
-    return _NAMES_FORM.search(f"{error.message} {error.body}") is not None
+    said = f"{error.message} {error.body}"
+    if error.status_code == 500:
+        return _AT_RESPONSE_FORMAT.search(said) is not None
+    return error.status_code in (400, 422) and _NAMES_FORM.search(said) is not None
 
 
 class ResponseFormats:

@@ -147,15 +147,17 @@ def reask(
 
 def _document(request: LlmRequest, redactor: Redactor) -> dict[str, Any]:
     """The failure as the model reads it: the fields at fault first, with the user's intent."""
-    # The payload first: the secrets it holds are then also found where the tool echoed them.
+    # The payload and the details first: the secrets their field names mark are then also
+    # found where the tool's words echo them.
     failed_payload = redactor.redact(request.payload)
     failure = request.failure
     if failure is not None:
+        details = redactor.redact(dict(failure.details))
         error: dict[str, Any] = {
             "code": failure.code,
             "category": failure.category,
             "message": redactor.redact_text(failure.message),
-            "details": redactor.redact(dict(failure.details)),
+            "details": details,
         }
     else:
         error = {"body": redactor.redact_text(request.body_text[:TEXT_SAMPLE_BYTES])}

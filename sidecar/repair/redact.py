@@ -28,10 +28,26 @@ class Redactor:
         self.redacted_names: set[str] = set()
 
     def redact(self, value: Any, name: str = "") -> Any:
+        """``value`` with every secret in it replaced. The secrets its field names mark are
+        learnt first: one written into another field before its own is hidden there too."""
+        self._learn(value, name)
+        return self._redacted(value, name)
+
+    def _learn(self, value: Any, name: str) -> None:
         if isinstance(value, dict):
-            return {key: self.redact(item, str(key)) for key, item in value.items()}
+            for key, item in value.items():
+                self._learn(item, str(key))
+        elif isinstance(value, list):
+            for item in value:
+                self._learn(item, name)
+        elif name and is_secret_name(name) and value is not None and not isinstance(value, bool):
+            self._placeholder(value if isinstance(value, str) else str(value))
+
+    def _redacted(self, value: Any, name: str) -> Any:
+        if isinstance(value, dict):
+            return {key: self._redacted(item, str(key)) for key, item in value.items()}
         if isinstance(value, list):
-            return [self.redact(item, name) for item in value]
+            return [self._redacted(item, name) for item in value]
         if name and is_secret_name(name) and value is not None and not isinstance(value, bool):
             placeholder = self._placeholder(value if isinstance(value, str) else str(value))
             self._originals.setdefault(placeholder, value)

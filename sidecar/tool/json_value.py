@@ -15,7 +15,7 @@ import orjson
 MAX_DEPTH = 64
 
 
-def parse_json(body: bytes) -> Any:
+def parse_json(body: bytes | str) -> Any:
     """The JSON value of ``body``, or ``None`` when it is not JSON or nests deeper than
     ``MAX_DEPTH``."""
     try:

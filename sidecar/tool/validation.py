@@ -16,7 +16,7 @@ import enum
 import re
 from typing import Any
 
-import orjson
+from sidecar.tool.json_value import parse_json
 
 
 class Finding(enum.Enum):
@@ -187,10 +187,8 @@ def pydantic_errors(text: str) -> list[dict[str, Any]] | None:
     """The errors of a FastAPI/pydantic ``detail`` list, or ``None`` when there is none."""
     if not text.lstrip().startswith("{"):
         return None
-    try:
-        document = orjson.loads(text)
-    except orjson.JSONDecodeError:  # not JSON, or cut at the sample size
-        return None
+    # Not JSON, cut at the sample size, or nested too deep to walk: no list.
+    document = parse_json(text)
     detail = document.get("detail") if isinstance(document, dict) else None
     if not isinstance(detail, list):
         return None

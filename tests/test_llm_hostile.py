@@ -1,0 +1,206 @@
+"""Odd and hostile input through the LLM repair layer: tool answers, payloads and model
+replies that must neither break the sidecar nor carry a secret to the model."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+import pytest
+from aiohttp import web
+
+from tests.conftest import completion, scripted
+from tests.test_repair import CORRECT_CITY, fix, location_tool
+
+# FastAPI's answer to a body it refused, with ``loc`` nested past Python's recursion limit.
+_DEEP_LOC = "[" * 1010 + "]" * 1010
+DEEP_DETAIL = (
+    '{"detail": [{"type": "missing", "loc": ["body", ' + _DEEP_LOC + '], "msg": "Field required"}]}'
+)
+
+
+async def test_a_pydantic_detail_nested_too_deep_gets_the_tools_own_answer(
+    make_tool, make_sidecar, make_llm
+):
+    def deep() -> web.Response:
+        return web.Response(text=DEEP_DETAIL, status=422, content_type="application/json")
+
+    tool = await make_tool(scripted(deep))
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    response = await sidecar.client.post("/items", json={"name": "x"})
+
+    assert response.status == 422
+    assert await response.text() == DEEP_DETAIL
+    # Read as text, not as a detail list: the model still gets the tool's words.
+    assert llm.prompt()["fix"] == [{"tool_says": DEEP_DETAIL[:600]}]
+
+
+async def test_a_field_inside_an_array_is_shown_with_what_was_sent_there(
+    make_tool, make_sidecar, make_llm, tmp_path
+):
+    refused = {
+        "detail": [
+            {
+                "type": "string_type",
+                "loc": ["body", "items", 1, "name"],
+                "msg": "Input should be a valid string",
+            }
+        ]
+    }
+    item = {"type": "object", "properties": {"name": {"type": "string", "minLength": 1}}}
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": item}}}
+
+    tool = await make_tool(scripted(lambda: web.json_response(refused, status=422)))
+    llm = await make_llm(fix({}, can_fix=False))
+    schema_path = tmp_path / "schema.json"
+    schema_path.write_text(json.dumps(schema))
+    sidecar = await make_sidecar(
+        routes=[
+            {"name": "orders", "prefix": "/", "upstream": tool.url, "schema": str(schema_path)}
+        ],
+        llm_base_url=llm.base_url,
+    )
+
+    await sidecar.client.post("/orders", json={"items": [{"name": "tea"}, {"name": ["milk"]}]})
+
+    assert llm.prompt()["fix"] == [
+        {
+            "field": "items.1.name",
+            "sent": ["milk"],
+            "tool_says": "Input should be a valid string",
+            "schema": {"type": "string", "minLength": 1},
+        }
+    ]
+
+
+async def test_a_secret_written_before_its_own_field_is_hidden_there_too(
+    make_tool, make_sidecar, make_llm
+):
+    async def echo_back() -> web.Response:
+        written = llm.prompt()["failed_payload"]
+        return completion(json.dumps(fix({**written, "location": CORRECT_CITY})))
+
+    tool = await make_tool(location_tool())
+    llm = await make_llm(echo_back)
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+    # A field that holds the key comes before the field whose name marks it secret.
+    payload = {
+        "note": "billing key sk-live-55555555",
+        "location": "Flower Mound, TX",
+        "api_key": "sk-live-55555555",
+    }
+
+    response = await sidecar.client.post("/w", json=payload)
+
+    assert response.status == 200
+    assert "sk-live-55555555" not in json.dumps(llm.requests)
+    assert llm.prompt()["failed_payload"]["note"] == "billing key <redacted-1>"
+    assert orjson.loads(tool.seen[1].body) == {**payload, "location": CORRECT_CITY}
+
+
+async def test_a_secret_the_tools_details_name_is_hidden_in_its_message_too(
+    make_tool, make_sidecar, make_llm
+):
+    refusal = {
+        "success": False,
+        "error": {
+            "code": "INVALID_LOCATION",
+            "message": "invalid value for location in session sess-998877665544",
+            "category": "INPUT_ERROR",
+            "retryable": True,
+            "details": {"session_id": "sess-998877665544"},
+        },
+    }
+    tool = await make_tool(scripted(lambda: web.json_response(refusal, status=400)))
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    await sidecar.client.post("/w", json={"location": "Flower Mound, TX"})
+
+    assert "sess-998877665544" not in json.dumps(llm.requests)
+    error = llm.prompt()["tool_answer"]["error"]
+    assert error["message"] == "invalid value for location in session <redacted-1>"
+    assert error["details"] == {"session_id": "<redacted-1>"}
+
+
+async def test_a_secret_the_tool_echoes_where_its_words_are_cut_is_not_half_shown(
+    make_tool, make_sidecar, make_llm
+):
+    secret = "k9Qz7Wm2Xv4Bn8Lp3Rt6"
+
+    async def echoing(request: web.Request) -> web.Response:
+        payload = await request.json()
+        # The key straddles the 600th character, where the words the model reads first end.
+        message = "invalid value: " + "x" * 570 + " for key " + payload["api_key"]
+        error = {
+            "code": "BAD_KEY",
+            "message": message,
+            "category": "INPUT_ERROR",
+            "retryable": True,
+        }
+        return web.json_response({"success": False, "error": error}, status=400)
+
+    tool = await make_tool(echoing)
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    await sidecar.client.post("/w", json={"location": "Flower Mound, TX", "api_key": secret})
+
+    assert secret[:6] not in json.dumps(llm.requests)
+    [said] = llm.prompt()["fix"]
+    assert said["tool_says"].startswith("invalid value: xxx")
+
+
+COUNT_SCHEMA = {
+    "type": "object",
+    "properties": {"count": {"type": "integer"}, "name": {"type": "string"}},
+}
+
+
+@pytest.mark.parametrize("shared", [False, True])
+async def test_a_correction_with_an_integer_past_64_bits_is_sent_exactly(
+    make_tool, make_sidecar, make_llm, tmp_path, request, shared
+):
+    async def counter(request: web.Request) -> web.Response:
+        if (await request.json())["name"] == "b":
+            return web.json_response({"success": True})
+        error = {"code": "BAD", "message": "invalid value for name", "retryable": True}
+        return web.json_response({"success": False, "error": error}, status=400)
+
+    tool = await make_tool(counter)
+    # Written as a string: the schema's type makes it the integer it spells.
+    llm = await make_llm(fix({"count": "123456789012345678901234567890", "name": "b"}))
+    schema_path = tmp_path / "schema.json"
+    schema_path.write_text(json.dumps(COUNT_SCHEMA))
+    route = {"name": "counts", "prefix": "/", "upstream": tool.url, "schema": str(schema_path)}
+    # Shared, the answer is also stored for the fleet, and read back by the next replica.
+    store = {"state_url": request.getfixturevalue("redis_store").url} if shared else {}
+    sidecar = await make_sidecar(routes=[route], llm_base_url=llm.base_url, **store)
+
+    response = await sidecar.client.post("/count", json={"count": 1, "name": "a"})
+
+    assert response.status == 200
+    assert tool.seen[1].body == b'{"count": 123456789012345678901234567890, "name": "b"}'
+    if shared:
+        again = await make_sidecar(routes=[route], llm_base_url=llm.base_url, **store)
+        assert (await again.client.post("/count", json={"count": 1, "name": "a"})).status == 200
+        assert tool.seen[3].body == tool.seen[1].body
+        assert len(llm.requests) == 1
+
+
+async def test_a_long_run_of_words_and_dashes_is_read_into_the_prompt_in_one_pass(
+    make_tool, make_sidecar, make_llm
+):
+    # Each "a" could start a URL scheme: a scheme matched without bound made this one string
+    # cost time quadratic in its length (hours, with the event loop held all along).
+    run = "a-" * 500_000
+    tool = await make_tool(location_tool())
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    response = await sidecar.client.post("/w", json={"location": "Flower Mound, TX", "note": run})
+
+    assert response.status == 404
+    assert llm.prompt()["failed_payload"]["note"] == run
