@@ -84,10 +84,18 @@ def refuses_format(error: openai.APIStatusError) -> bool:
     stack after accepting piece: <think>``). Any other 500 is the call's error, whatever it
     names: a server that crashed once must not cost every later call its form.
     """
-    said = f"{error.message} {error.body}"
+    said = f"{error.message} {_own_message(error.body)} {error.body}"
     if error.status_code == 500:
         return _AT_RESPONSE_FORMAT.search(said) is not None
     return error.status_code in (400, 422) and _NAMES_FORM.search(said) is not None
+
+
+def _own_message(body: object) -> str:
+    """The endpoint's error message as it wrote it: older releases of the openai package
+    (1.40 among them) quote it only inside a ``repr``, where ``'body'`` reads
+    ``\\'body\\'``."""
+    message = body.get("message") if isinstance(body, dict) else None
+    return message if isinstance(message, str) else ""
 
 
 class ResponseFormats:
