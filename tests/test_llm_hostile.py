@@ -194,7 +194,7 @@ async def test_a_long_run_of_words_and_dashes_is_read_into_the_prompt_in_one_pas
     make_tool, make_sidecar, make_llm
 ):
     # Each "a" could start a URL scheme: a scheme matched without bound made this one string
-    # cost time quadratic in its length (hours, with the event loop held all along).
+    # cost time quadratic in its length (past 10 minutes, the event loop held all along).
     run = "a-" * 500_000
     tool = await make_tool(location_tool())
     llm = await make_llm(fix({}, can_fix=False))
