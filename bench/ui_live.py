@@ -34,25 +34,13 @@ from aiohttp import web
 
 from tests.browser import find_chromium, headless_chromium
 from tests.processes import sidecar_process
+from tests.test_live_page import flaky_tool
 
 Handler = Callable[[web.Request], Awaitable[web.Response]]
 
 ROWS = "document.querySelectorAll('#calls tbody tr')"
 # The rows the background calls leave: 2 on geocode, 5 exhausted and 1 refused on billing.
 BACKGROUND_ROWS = 8
-
-
-def flaky() -> Handler:
-    answered = 0
-
-    async def handler(_: web.Request) -> web.Response:
-        nonlocal answered
-        answered += 1
-        if answered % 2:
-            return web.json_response({"error": "busy"}, status=503)
-        return web.json_response({"success": True, "forecast": "sunny"})
-
-    return handler
 
 
 def answering(status: int) -> Handler:
@@ -65,7 +53,7 @@ def answering(status: int) -> Handler:
 async def start_tools(workdir: Path) -> tuple[list[web.AppRunner], dict[str, str]]:
     runners, urls = [], {}
     for name, handler in (
-        ("weather", flaky()),
+        ("weather", flaky_tool()),
         ("default", answering(200)),
         ("geocode", answering(404)),
         ("billing", answering(503)),
