@@ -18,6 +18,7 @@ import orjson
 
 from sidecar.repair.redact import Redactor
 from sidecar.tool.envelopes import ToolFailure
+from sidecar.tool.json_value import parse_json
 from sidecar.tool.validation import pydantic_errors
 
 _MAX_FIELDS = 3
@@ -137,9 +138,8 @@ def _words(failure: ToolFailure | None, body_text: str) -> str:
 
 def _extra_words(body_text: str) -> str:
     """A FastAPI answer's words beside its ``detail`` list (a ``hint``), to follow each error."""
-    try:
-        document = orjson.loads(body_text)
-    except orjson.JSONDecodeError:
+    document = parse_json(body_text)
+    if not isinstance(document, dict):
         return ""
     extra = [f"{key}: {value}" for key, value in document.items() if isinstance(value, str)]
     return "; " + "; ".join(extra) if extra else ""
