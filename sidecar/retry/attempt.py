@@ -52,17 +52,7 @@ def judge(result: Answer | AttemptError | Malformed, retry_on_status: frozenset[
         return Attempt(error, classify(error, retry_on_status), error_reason=result.reason)
     if isinstance(result, AttemptError):
         return Attempt(result, classify(result, retry_on_status))
-    response = result.response
-    failure, text = (
-        inspect(
-            result.status,
-            response.content_type,
-            response.headers.get("Content-Encoding"),
-            result.body,
-        )
-        if result.decisive
-        else (None, "")
-    )
+    failure, text = inspect(result.status, *result.judged()) if result.decisive else (None, "")
     reply = Reply(result.status, failure, text)
     verdict = classify(reply, retry_on_status)
     if result.slow:
