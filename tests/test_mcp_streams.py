@@ -49,7 +49,7 @@ class MemoryEventStore(EventStore):
         return None  # no client here reconnects
 
 
-def tap(server_url: str, session: aiohttp.ClientSession, drop_first: set[str]) -> Any:
+def tap(server_url: str, session: aiohttp.ClientSession, drop_first: frozenset[str]) -> Any:
     """Relays every request to the MCP server as it streams; the first ``tools/call`` of a tool
     in ``drop_first`` is sent, its whole answer read (the tool ran), and the agent's
     connection closed without a byte of it: a reset after delivery."""
@@ -70,7 +70,9 @@ def tap(server_url: str, session: aiohttp.ClientSession, drop_first: set[str]) -
                 return web.Response()
             relayed = web.StreamResponse(
                 status=answer.status,
-                headers={name: answer.headers[name] for name in _ANSWERED if name in answer.headers},
+                headers={
+                    name: answer.headers[name] for name in _ANSWERED if name in answer.headers
+                },
             )
             await relayed.prepare(request)
             async for chunk in answer.content.iter_any():
@@ -86,7 +88,7 @@ async def primed_mcp_agent(
     server: MCPServer,
     make_tool: Callable[..., Any],
     make_sidecar: Callable[..., Any],
-    drop_first: set[str] = frozenset(),  # type: ignore[assignment]
+    drop_first: frozenset[str] = frozenset(),
 ) -> AsyncIterator[tuple[Client, Wire, Tool]]:
     app = server.streamable_http_app(event_store=MemoryEventStore())
     async with uvicorn_serving(app) as url, aiohttp.ClientSession(auto_decompress=False) as http:
@@ -119,7 +121,8 @@ async def test_a_reset_after_delivery_is_replayed_for_a_tool_a_streamed_list_mar
         runs["charge"] += 1
         return f"charged {amount}"
 
-    async with primed_mcp_agent(server, make_tool, make_sidecar, {"lookup", "charge"}) as (
+    drop_first = frozenset({"lookup", "charge"})
+    async with primed_mcp_agent(server, make_tool, make_sidecar, drop_first) as (
         client,
         wire,
         _,
@@ -134,10 +137,8 @@ async def test_a_reset_after_delivery_is_replayed_for_a_tool_a_streamed_list_mar
     assert looked_up.content[0].text == "lookup run 2"
     assert runs == {"lookup": 2, "charge": 1}
     lookup_call, charge_call = wire.tool_calls()
-    assert (lookup_call.headers["X-Sidecar-Attempts"], lookup_call.headers["X-Sidecar-Outcome"]) == (
-        "2",
-        "recovered",
-    )
+    assert lookup_call.headers["X-Sidecar-Attempts"] == "2"
+    assert lookup_call.headers["X-Sidecar-Outcome"] == "recovered"
     assert charge_call.status == 502
     assert orjson.loads(charge_call.error_body)["error"]["code"] == "UPSTREAM_RESET"
     assert charge_call.headers["X-Sidecar-Attempts"] == "1"
