@@ -68,6 +68,8 @@ class Reply:
     status: int
     failure: ToolFailure | None = None
     text: str = ""  # the start of the (decoded) body, for plain-text validation errors
+    # A proxy beside the tool answered for it after losing a call that may have reached it.
+    lost_after_delivery: bool = False
 
 
 def decoded_text(body: bytes, content_encoding: str | None) -> bytes | None:
