@@ -130,14 +130,9 @@ def _inflate_zstd(body: bytes) -> bytes | None:
     return b"".join(pieces)
 
 
-def _payload_bytes(content_encoding: str | None, body: bytes) -> bytes | None:
-    """The JSON text an answer carries, inflated."""
-    return decoded_text(body, content_encoding) if body else None
-
-
 def json_document(body: bytes, content_encoding: str | None) -> Any:
     """The JSON value an answer's body (or the event that answered) holds, or ``None``."""
-    raw = _payload_bytes(content_encoding, body)
+    raw = decoded_text(body, content_encoding) if body else None
     return parse_json(raw) if raw else None
 
 
@@ -149,7 +144,7 @@ def inspect(
     ``body`` is the whole body, or for ``text/event-stream`` the data of the event that
     answered the call.
     """
-    raw = _payload_bytes(content_encoding, body)
+    raw = decoded_text(body, content_encoding) if body else None
     if not raw:
         return None, ""
     failure = parse_failure(parse_json(raw), success_status=200 <= status < 300)
