@@ -89,11 +89,12 @@ async def primed_mcp_agent(
     make_tool: Callable[..., Any],
     make_sidecar: Callable[..., Any],
     drop_first: frozenset[str] = frozenset(),
+    **settings: Any,
 ) -> AsyncIterator[tuple[Client, Wire, Tool]]:
     app = server.streamable_http_app(event_store=MemoryEventStore())
     async with uvicorn_serving(app) as url, aiohttp.ClientSession(auto_decompress=False) as http:
         tool = await make_tool(tap(url, http, drop_first))
-        sidecar = await make_sidecar(tool)
+        sidecar = await make_sidecar(tool, **settings)
         wire = Wire()
         async with mcp_client(str(sidecar.client.make_url("/mcp")), wire, mode="legacy") as client:
             yield client, wire, tool
@@ -204,6 +205,34 @@ async def test_a_streamed_is_error_result_is_judged_not_reported_ok(make_tool, m
     [call] = wire.tool_calls()
     assert call.headers["content-type"].startswith("text/event-stream")
     assert call.headers["X-Sidecar-Outcome"] == "not-retryable"
+
+
+async def test_an_answer_slower_than_the_inspection_window_is_relayed_and_runs_once(
+    make_tool, make_sidecar
+):
+    """The priming event comes at once, the answer after the inspection window: the stream
+    goes to the agent as it is, and the call is not sent again."""
+    runs: Counter[str] = Counter()
+    server = MCPServer("primed")
+
+    @server.tool()
+    async def settle(invoice: str) -> str:
+        runs["settle"] += 1
+        await asyncio.sleep(0.5)
+        return f"settled {invoice}"
+
+    async with primed_mcp_agent(server, make_tool, make_sidecar, inspect_timeout_ms=200) as (
+        client,
+        wire,
+        _,
+    ):
+        settled = await client.call_tool("settle", {"invoice": "inv-7"})
+
+    assert settled.content[0].text == "settled inv-7"
+    assert runs["settle"] == 1
+    [call] = wire.tool_calls()
+    assert call.headers["content-type"].startswith("text/event-stream")
+    assert call.headers["X-Sidecar-Attempts"] == "1"
 
 
 # --- the stream as the agent gets it: every byte, in order --------------------------------
