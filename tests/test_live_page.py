@@ -15,7 +15,8 @@ import pytest
 from aiohttp import web
 
 from sidecar.serve.app import HOOKS, create_admin_app
-from sidecar.telemetry.recent import RecentCalls
+from sidecar.telemetry.events import RequestFinished
+from sidecar.telemetry.recent import RecentCalls, tool_answered
 from tests.conftest import FakeClock
 
 # Recognisable values the agent sends that must never reach the page.
@@ -140,7 +141,81 @@ async def test_the_ring_keeps_the_last_200_calls(make_tool, make_sidecar, aiohtt
     assert [call["path"] for call in state["calls"]] == [
         f"/city/{number}" for number in range(204, 4, -1)
     ]
-    assert by_name(state)["default"]["gave_up"] == 205
+    assert {key: by_name(state)["default"][key] for key in ("answered", "gave_up")} == {
+        "answered": 205,
+        "gave_up": 0,
+    }
+    assert {call["answered"] for call in state["calls"]} == {True}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "status", "attempts", "trail", "answered"),
+    [
+        ("not-retryable", 400, 1, "400", True),  # an SDK's probe the server does not serve
+        ("not-retryable", 404, 1, "404", True),
+        ("not-retryable", 401, 1, "401", True),
+        ("not-retryable", 400, 1, "400 repair=none", False),  # a repair was looked for
+        ("not-retryable", 400, 2, "503 backoff=0.1s, 400", False),  # after a retry
+        ("not-retryable", 503, 1, "503 stop=not_replayable", False),
+        ("not-retryable", 500, 1, "500", False),  # a 5xx is the tool failing
+        ("not-retryable", 413, 0, "", False),  # the sidecar's own answer
+        ("exhausted", 429, 4, "429 backoff=0.1s, 429 backoff=0.2s, 429 backoff=0.4s, 429", False),
+        ("ok", 200, 1, "200", False),
+    ],
+)
+def test_which_calls_are_the_tool_s_answer_rather_than_a_give_up(
+    outcome, status, attempts, trail, answered
+):
+    event = RequestFinished("r", "POST", "/mcp", outcome, status, attempts, 0.01, trail, True, None)
+    assert tool_answered(event) is answered
+
+
+async def test_a_session_s_probe_answered_400_is_counted_answered_and_keeps_its_metric(
+    make_tool, make_sidecar, aiohttp_client
+):
+    """An MCP SDK's first call, ``server/discover``, answered 400 by a server that does not
+    serve it, then a successful call: nothing gave up. A 503 the sidecar spent its retries on
+    still did."""
+
+    async def mcp_server(request: web.Request) -> web.Response:
+        method = (await request.json()).get("method")
+        if method == "server/discover":
+            error = {"code": -32600, "message": "Bad Request: unsupported protocol version"}
+            return web.json_response({"jsonrpc": "2.0", "id": 1, "error": error}, status=400)
+        if method == "tools/call":
+            return web.json_response({"jsonrpc": "2.0", "id": 2, "result": {"content": []}})
+        return web.json_response({"error": "down"}, status=503)
+
+    sidecar = await make_sidecar(await make_tool(mcp_server), max_retries=1)
+    admin = await aiohttp_client(create_admin_app(sidecar.app))
+
+    probe = await sidecar.client.post(
+        "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "server/discover"}
+    )
+    call = await sidecar.client.post(
+        "/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
+    )
+    down = await sidecar.client.post("/mcp", json={"jsonrpc": "2.0", "id": 3, "method": "ping"})
+    state, _ = await read_state(admin)
+
+    assert [probe.status, call.status, down.status] == [400, 200, 503]
+    counts = by_name(state)["default"]
+    assert {key: counts[key] for key in ("calls", "ok", "recovered", "answered", "gave_up")} == {
+        "calls": 3,
+        "ok": 1,
+        "recovered": 0,
+        "answered": 1,
+        "gave_up": 1,
+    }
+    exhausted, answered = state["calls"]
+    assert (answered["outcome"], answered["answered"], answered["status"]) == (
+        "not-retryable",
+        True,
+        400,
+    )
+    assert (exhausted["outcome"], exhausted["answered"]) == ("exhausted", False)
+    requests = "sidecar_requests_total"
+    assert sidecar.metric(requests, route="default", method="POST", outcome="not-retryable") == 1
 
 
 async def test_each_tool_shows_its_circuit_an_open_one_first_with_the_time_to_its_probe(

@@ -9,6 +9,7 @@ from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.retry.classify import Action, Verdict, classify
 from sidecar.tool.envelopes import Reply, inspect
+from sidecar.tool.mesh import lost_after_delivery
 from sidecar.transport.exchange import Answer, Malformed, UpstreamRequest
 
 
@@ -52,18 +53,10 @@ def judge(result: Answer | AttemptError | Malformed, retry_on_status: frozenset[
         return Attempt(error, classify(error, retry_on_status), error_reason=result.reason)
     if isinstance(result, AttemptError):
         return Attempt(result, classify(result, retry_on_status))
-    response = result.response
-    failure, text = (
-        inspect(
-            result.status,
-            response.content_type,
-            response.headers.get("Content-Encoding"),
-            result.body,
-        )
-        if result.decisive
-        else (None, "")
-    )
-    reply = Reply(result.status, failure, text)
+    failure, text = inspect(result.status, *result.judged()) if result.decisive else (None, "")
+    headers = result.response.headers
+    lost = lost_after_delivery(result.status, headers, text, tool_envelope=failure is not None)
+    reply = Reply(result.status, failure, text, lost)
     verdict = classify(reply, retry_on_status)
     if result.slow:
         # The tool answered; only its body is slow. Sending the call again could run

@@ -4,13 +4,13 @@ whether running it twice is harmless, and whether the sidecar adds its own key."
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sidecar.config import RouteConfig
 from sidecar.repair.payload import Payload
 from sidecar.retry.guards.route import RouteGuards
 from sidecar.retry.guards.tools import tool_of
-from sidecar.retry.replay import mcp_call, safe_to_repeat
+from sidecar.retry.replay import Rpc, mcp_call, safe_to_repeat
 from sidecar.transport.exchange import UpstreamRequest
 
 # The OpenAPI path template a ``method path`` matched on a route, when its schema has one.
@@ -23,8 +23,9 @@ PathTemplate = Callable[[str, str, str], str | None]
 class Call:
     """What a call is, read once before its first attempt."""
 
+    request: UpstreamRequest  # with the JSON-RPC id its answer carries, when it is a request
     path: str  # without the query
-    rpc: tuple[str, str | None] | None  # its JSON-RPC method and tool, when it is one
+    rpc: Rpc | None  # its JSON-RPC method, tool and id, when it is one
     own_key: str  # the sidecar's idempotency header; "" when off or the agent sent a key
     # Safe to run twice by what the call is; ``replay_delivered: always`` replays the
     # others too, but never hedges them.
@@ -56,4 +57,6 @@ def describe(
         path_template(route.name, request.method, path) if scope == "tool" and rpc is None else None
     )
     own_key = "" if header in request.headers else header
-    return Call(path, rpc, own_key, safe, tool_of(scope, path, template, rpc))
+    if rpc is not None and rpc.id is not None:
+        request = replace(request, rpc_id=rpc.id)
+    return Call(request, path, rpc, own_key, safe, tool_of(scope, path, template, rpc))

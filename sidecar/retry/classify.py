@@ -67,6 +67,10 @@ def classify(result: Reply | AttemptError, retry_on_status: Collection[int]) -> 
         if failure.retryable is True:
             return Verdict(Action.RETRY, "server_error", is_failure, only_if_safe=True)
         return Verdict(Action.DONE, "not_retryable", is_failure=is_failure)
+    if is_failure and result.lost_after_delivery:
+        # A proxy beside the tool (Envoy, Linkerd) lost the call after it may have reached
+        # the tool: a reset after delivery, on its connection rather than ours.
+        return Verdict(Action.RETRY, "server_error", is_failure, only_if_safe=True)
     if is_failure:
         return Verdict(Action.RETRY, "server_error", is_failure=is_failure)
     if status < 500:

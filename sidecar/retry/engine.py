@@ -108,7 +108,7 @@ class _Run:
         self.safe_to_repeat = call.safe_to_repeat
         self.replay_safe = self.tuning.replay_delivered == "always" or call.safe_to_repeat
         self.tool, self.tool_guards = self.guards.tool(call.tool)
-        self.request = request
+        self.request = call.request
         self.payload = payload
         self.sent_payloads: list[Payload] = []
         self.unjudged_layer: str | None = None  # the repair whose payload awaits its answer
@@ -245,7 +245,7 @@ class _Run:
             sent = await send(self.engine.pool, request, copy.per_try_s)
         result = (
             await read_for_decision(
-                self.request.method,
+                self.request,
                 sent,
                 self.engine.inspect_limit,
                 self.tuning.inspect_timeout_ms / 1000,

@@ -18,8 +18,9 @@ safe to repeat:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
+from sidecar.tool.eventstream import rpc_id_text
 from sidecar.tool.json_value import parse_json
 
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
@@ -51,8 +52,16 @@ def safe_to_repeat(
     )
 
 
-def mcp_call(body: bytes) -> tuple[str, str | None] | None:
-    """The JSON-RPC method of a request body, and the tool it calls for ``tools/call``."""
+class Rpc(NamedTuple):
+    """A JSON-RPC request body as the loop needs it."""
+
+    method: str
+    tool: str | None  # the tool a ``tools/call`` calls
+    id: bytes | None  # its id as JSON text; ``None`` for a notification
+
+
+def mcp_call(body: bytes) -> Rpc | None:
+    """The JSON-RPC method of a request body, the tool it calls for ``tools/call``, its id."""
     if b'"jsonrpc"' not in body:
         return None
     document = parse_json(body)
@@ -60,7 +69,8 @@ def mcp_call(body: bytes) -> tuple[str, str | None] | None:
         return None
     params = document.get("params")
     tool = params.get("name") if isinstance(params, dict) else None
-    return document["method"], tool if isinstance(tool, str) else None
+    rpc_id = rpc_id_text(document["id"]) if "id" in document else None
+    return Rpc(document["method"], tool if isinstance(tool, str) else None, rpc_id)
 
 
 class McpToolHints:

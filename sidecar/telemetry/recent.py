@@ -39,17 +39,37 @@ class CallRecord:
     duration_s: float
     trail: str
     repairs: tuple[tuple[str, tuple[str, ...]], ...]
+    answered: bool  # the tool's own 4xx, relayed untouched (``tool_answered``)
 
 
 @dataclass(slots=True)
 class RouteCounts:
-    """A route's finished calls since start: ``gave_up`` counts every call that ended
-    without a success (the tool's refusal, a spent limit, the sidecar's own)."""
+    """A route's finished calls since start: ``answered`` counts the tool's own 4xx that
+    went to the agent untouched after one attempt (``tool_answered``), ``gave_up`` every
+    other call that ended without a success (a spent limit, a refusal the sidecar tried to
+    repair, the sidecar's own answer)."""
 
     calls: int = 0
     ok: int = 0
     recovered: int = 0
+    answered: int = 0
     gave_up: int = 0
+
+
+def tool_answered(event: RequestFinished) -> bool:
+    """Whether a call ended in the tool's own 4xx, relayed untouched after its one attempt.
+
+    That is the tool's answer to the call (an agent SDK's probe the server does not serve,
+    a city it does not know), not a call the sidecar gave up on: nothing was waited for,
+    retried or repaired, as the trail of the bare status says. Its metric outcome stays
+    ``not-retryable``.
+    """
+    return (
+        event.outcome == Outcome.NOT_RETRYABLE
+        and event.attempts == 1
+        and 400 <= event.status < 500
+        and event.trail == str(event.status)
+    )
 
 
 class RecentCalls(Sink):
@@ -72,8 +92,11 @@ class RecentCalls(Sink):
         if event.outcome == Outcome.OK:
             counts.ok += 1
             return
+        answered = tool_answered(event)
         if event.outcome == Outcome.RECOVERED:
             counts.recovered += 1
+        elif answered:
+            counts.answered += 1
         else:
             counts.gave_up += 1
         self._numbered += 1
@@ -91,5 +114,6 @@ class RecentCalls(Sink):
                 event.duration_s,
                 event.trail,
                 tuple((layer, fields[:MAX_FIELD_NAMES]) for layer, fields in repairs),
+                answered,
             )
         )

@@ -1,8 +1,9 @@
 """Reading a tool's error envelope, whatever its dialect, into one ``ToolFailure``.
 
 Recognised: GoMind ``ToolResponse``, the MIRA bot format, RFC 9457 problem details,
-JSON-RPC 2.0 errors and MCP tool results with ``isError`` (also as the first event of a
-``text/event-stream`` body). Anything else yields ``None``: the status code alone decides.
+JSON-RPC 2.0 errors and MCP tool results with ``isError`` (also as the event of a
+``text/event-stream`` body that answers the call: ``eventstream``). Anything else yields
+``None``: the status code alone decides.
 Parsing never raises; a body that is not what it claims is simply not an envelope.
 """
 
@@ -67,6 +68,8 @@ class Reply:
     status: int
     failure: ToolFailure | None = None
     text: str = ""  # the start of the (decoded) body, for plain-text validation errors
+    # A proxy beside the tool answered for it after losing a call that may have reached it.
+    lost_after_delivery: bool = False
 
 
 def decoded_text(body: bytes, content_encoding: str | None) -> bytes | None:
@@ -127,51 +130,21 @@ def _inflate_zstd(body: bytes) -> bytes | None:
     return b"".join(pieces)
 
 
-def first_event(stream: bytes | bytearray) -> bytes | None:
-    """The first whole event of a ``text/event-stream`` body, or ``None`` before one ends.
-
-    An event ends at a blank line; a block of only comment lines (``: ping``, which
-    servers send to keep a connection open) is not an event.
-    """
-    blocks = bytes(stream).replace(b"\r\n", b"\n").split(b"\n\n")
-    for block in blocks[:-1]:  # the last piece has not ended yet
-        if any(line and not line.startswith(b":") for line in block.split(b"\n")):
-            return block
-    return None
-
-
-def first_event_data(body: bytes) -> bytes:
-    """The ``data`` of the first event of a ``text/event-stream`` body (or of its start,
-    when no event has ended yet)."""
-    event = first_event(body)
-    if event is None:
-        event = body.replace(b"\r\n", b"\n")
-    lines = event.split(b"\n")
-    return b"\n".join(line[5:].removeprefix(b" ") for line in lines if line.startswith(b"data:"))
-
-
-def _payload_bytes(content_type: str, content_encoding: str | None, body: bytes) -> bytes | None:
-    """The JSON text an answer carries: inflated, and for an event stream its first data."""
+def json_document(body: bytes, content_encoding: str | None) -> Any:
+    """The JSON value an answer's body (or the event that answered) holds, or ``None``."""
     raw = decoded_text(body, content_encoding) if body else None
-    if raw and content_type == "text/event-stream":
-        return first_event_data(raw)
-    return raw
-
-
-def json_document(content_type: str, content_encoding: str | None, body: bytes) -> Any:
-    """The JSON value an answer's body (or first event) holds, or ``None``."""
-    raw = _payload_bytes(content_type, content_encoding, body)
     return parse_json(raw) if raw else None
 
 
 def inspect(
-    status: int, content_type: str, content_encoding: str | None, body: bytes
+    status: int, body: bytes, content_encoding: str | None
 ) -> tuple[ToolFailure | None, str]:
     """The failure an answer's body describes, and the start of its text for error statuses.
 
-    ``body`` is the whole body, or for ``text/event-stream`` its first event.
+    ``body`` is the whole body, or for ``text/event-stream`` the data of the event that
+    answered the call.
     """
-    raw = _payload_bytes(content_type, content_encoding, body)
+    raw = decoded_text(body, content_encoding) if body else None
     if not raw:
         return None, ""
     failure = parse_failure(parse_json(raw), success_status=200 <= status < 300)

@@ -19,7 +19,8 @@ from multidict import CIMultiDict
 from yarl import URL
 
 from sidecar.outcomes import AttemptError, out_of_descriptors
-from sidecar.tool.envelopes import first_event, json_document
+from sidecar.tool.envelopes import json_document
+from sidecar.tool.eventstream import AnswerReader
 from sidecar.transport.answer import MalformedAnswer
 from sidecar.transport.connection import ConnectionBroken, Progress, RequestBody, Stage
 from sidecar.transport.pool import Pool, Response
@@ -49,10 +50,12 @@ class UpstreamRequest:
     url: URL
     headers: CIMultiDict[str]
     body: RequestBody
+    # A JSON-RPC request's id as JSON text: the id its answer carries in an event stream.
+    rpc_id: bytes | None = None
 
     def with_headers(self, headers: CIMultiDict[str]) -> UpstreamRequest:
         """The same call with ``headers`` (an attempt's trace context added)."""
-        return UpstreamRequest(self.method, self.url, headers, self.body)
+        return UpstreamRequest(self.method, self.url, headers, self.body, self.rpc_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +73,10 @@ class BodyBroken(Exception):
 class Answer:
     """The tool's answer: its body whole when ``complete``, else the part read so far.
 
-    ``decisive`` says whether ``body`` holds what a decision needs: the whole body, or the
-    first event of an event stream. ``slow`` says that part did not come within the
-    inspection window: the answer goes to the agent as it is.
+    ``decisive`` says whether what was read holds what a decision needs: the whole body, or
+    for an event stream the event that answers the call (its data in ``event``; ``body``
+    holds every byte read up to its end, for the agent). ``slow`` says that part did not
+    come within the inspection window: the answer goes to the agent as it is.
     """
 
     response: Response
@@ -80,6 +84,7 @@ class Answer:
     complete: bool
     decisive: bool = False
     slow: bool = False
+    event: bytes | None = None
 
     @property
     def status(self) -> int:
@@ -89,13 +94,19 @@ class Answer:
         """Give the connection back to the pool; it is closed if the body was not read."""
         self.response.release()
 
+    def judged(self) -> tuple[bytes, str | None]:
+        """What a decision reads, and its content coding: the event that answered the call
+        (an event stream is read only when it is not encoded), or the body."""
+        if self.event is not None:
+            return self.event, None
+        return self.body, self.response.headers.get("Content-Encoding")
+
     def document(self) -> Any:
-        """The body's JSON document, when the body was read whole and holds one."""
+        """The JSON document of the body (or of the event that answered the call), when it
+        was read and holds one."""
         if not self.decisive:
             return None
-        response = self.response
-        content_encoding = response.headers.get("Content-Encoding")
-        return json_document(response.content_type, content_encoding, self.body)
+        return json_document(*self.judged())
 
     async def rest(self) -> AsyncIterator[bytes]:
         """The body past ``body``, as it arrives; ``BodyBroken`` if it does not end whole."""
@@ -111,22 +122,24 @@ class BodyRead(enum.Enum):
 
     NONE = "none"  # relay as it comes
     WHOLE = "whole"  # small enough to hold: read it all (the rest streams if it is not)
-    FIRST_EVENT = "first_event"  # an event stream answering a call: its first event
+    ANSWER_EVENT = "answer_event"  # an event stream answering a call: up to its answer
 
 
 def body_read(method: str, response: Response) -> BodyRead:
     """How much of the body can change what happens next.
 
     Error answers always can; a 2xx only through a JSON envelope (``success: false``) or,
-    for an MCP call answered as an event stream, through its first event. Long-lived
-    streams (``GET``), bodiless answers and other media go straight to the agent.
+    for an MCP call answered as an event stream, through the event that answers it.
+    Long-lived streams (``GET``), encoded event streams, bodiless answers and other media
+    go straight to the agent.
     """
     status = response.status
     if method == "HEAD" or status in (204, 304) or status < 200:
         return BodyRead.NONE
     content_type = response.content_type
     if content_type == "text/event-stream":
-        return BodyRead.FIRST_EVENT if method == "POST" else BodyRead.NONE
+        encoded = response.headers.get("Content-Encoding", "identity").lower() != "identity"
+        return BodyRead.ANSWER_EVENT if method == "POST" and not encoded else BodyRead.NONE
     if status >= 400 or content_type == "application/json" or content_type.endswith("+json"):
         return BodyRead.WHOLE
     return BodyRead.NONE
@@ -149,7 +162,7 @@ async def exchange(
     sent = await send(pool, request, timeout_s)
     if not isinstance(sent, Response):
         return sent
-    return await read_for_decision(request.method, sent, inspect_limit, inspect_timeout_s)
+    return await read_for_decision(request, sent, inspect_limit, inspect_timeout_s)
 
 
 async def send(
@@ -171,15 +184,16 @@ async def send(
 
 
 async def read_for_decision(
-    method: str, response: Response, limit: int, timeout_s: float
+    request: UpstreamRequest, response: Response, limit: int, timeout_s: float
 ) -> Answer | AttemptError | Malformed:
-    """The answer with as much of its body read as deciding on it needs.
+    """The answer to ``request`` with as much of its body read as deciding on it needs.
 
     A body that does not come in time goes to the agent as it is (the status alone
-    decides). One that breaks is no answer at all: the attempt was delivered and then
-    reset, and the replay rules for a delivered request apply.
+    decides), and so does an event stream whose answer is not within ``limit`` bytes. One
+    that breaks is no answer at all: the attempt was delivered and then reset, and the
+    replay rules for a delivered request apply.
     """
-    mode = body_read(method, response)
+    mode = body_read(request.method, response)
     if mode is BodyRead.NONE:
         return Answer(response, b"", complete=False)
     buffer = bytearray()
@@ -188,8 +202,9 @@ async def read_for_decision(
             if mode is BodyRead.WHOLE:
                 complete = await _read_up_to(response, limit, buffer)
                 return Answer(response, bytes(buffer), complete, decisive=complete)
-            found = await _read_first_event(response, limit, buffer)
-            return Answer(response, bytes(buffer), complete=False, decisive=found)
+            event = await _read_answer_event(response, limit, request.rpc_id, buffer)
+            decisive = event is not None
+            return Answer(response, bytes(buffer), complete=False, decisive=decisive, event=event)
     except TimeoutError:
         return Answer(response, bytes(buffer), complete=False, slow=True)
     except MalformedAnswer as exc:
@@ -217,17 +232,21 @@ def read_deadline(stream: _Body, timeout_s: float) -> AbstractAsyncContextManage
     return contextlib.nullcontext() if stream.is_eof() else asyncio.timeout(timeout_s)
 
 
-async def _read_first_event(response: Response, limit: int, buffer: bytearray) -> bool:
-    """Read the stream into ``buffer`` up to the end of its first event; whether one came
-    (comment-only blocks such as ``: ping`` are not events)."""
-    while len(buffer) <= limit:
-        if first_event(buffer) is not None:
-            return True
+async def _read_answer_event(
+    response: Response, limit: int, rpc_id: bytes | None, buffer: bytearray
+) -> bytes | None:
+    """Read the stream into ``buffer`` up to the end of the event that answers the call
+    (``eventstream.answers_call``), within its first ``limit`` bytes; that event's data."""
+    reader = AnswerReader(rpc_id, limit)
+    while not reader.exhausted:
         chunk = await response.content.readany()
         if not chunk:
-            break
+            return None
         buffer.extend(chunk)
-    return first_event(buffer) is not None
+        event = reader.feed(chunk)
+        if event is not None:
+            return event
+    return None
 
 
 async def _read_up_to(response: Response, limit: int, buffer: bytearray) -> bool:

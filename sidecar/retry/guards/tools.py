@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from sidecar.config.values import CircuitScope
 from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
 from sidecar.retry.guards.fleet import RouteState
+from sidecar.retry.replay import Rpc
 
 # The circuits one route keeps at most: without a schema a tool is named by its path, and
 # paths come from agents. Past the cap every new one shares the overflow tool's guards.
@@ -26,7 +27,7 @@ def tool_of(
     scope: CircuitScope,
     path: str,
     template: str | None = None,
-    rpc: tuple[str, str | None] | None = None,
+    rpc: Rpc | None = None,
 ) -> str:
     """The tool a call is for: an MCP ``tools/call``'s tool name, else the OpenAPI path
     template it matched, else its path (without the query); one tool per route in the

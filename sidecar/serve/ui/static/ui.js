@@ -60,6 +60,7 @@
     fact(counts, "calls/s", route.calls_per_s.toFixed(2));
     fact(counts, "ok", route.ok, "ok");
     fact(counts, "recovered", route.recovered, "recovered");
+    fact(counts, "answered (4xx)", route.answered, "answered");
     fact(counts, "gave up", route.gave_up, "gave-up");
     card.append(counts);
     if (route.budget_left === null) {
@@ -95,13 +96,15 @@
   }
 
   function callRow(call) {
-    const row = el("tr", `call ${call.outcome}`);
+    const row = el("tr", `call ${call.answered ? "answered" : call.outcome}`);
     row.dataset.number = call.number;
     cell(row, "time", clockTime(call.finished_at), "time");
     cell(row, "route", call.route, "route");
     cell(row, "call", `${call.method} ${call.path}`, "target");
-    cell(row, "outcome", call.status ? `${call.outcome} (${call.status})` : call.outcome,
-      `outcome ${call.outcome}`);
+    // The tool's own 4xx, relayed untouched: its answer, not a call the sidecar gave up on.
+    const outcome = call.answered ? "answered" : call.outcome;
+    cell(row, "outcome", call.status ? `${outcome} (${call.status})` : outcome,
+      `outcome ${outcome}`);
     cell(row, "attempts", call.attempts, "number");
     cell(row, "duration", `${call.duration_ms.toFixed(1)} ms`, "number");
     const trail = el("span", "trail");

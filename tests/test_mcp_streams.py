@@ -1,0 +1,300 @@
+"""MCP answers streamed as a resumable server streams them: a priming event first (an ``id``
+and an empty ``data``, MCP 2025-11-25), then the server's notifications, then the answer.
+
+The tool is the MCP SDK's own streamable-HTTP server with an event store, on uvicorn, behind
+a counting tap (an aiohttp proxy that can drop a call's connection after the server ran it);
+the agent is the SDK's client, speaking 2025-11-25 (``mode="legacy"``), through the sidecar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from aiohttp import web
+from mcp import Client, MCPError
+from mcp.server.mcpserver import MCPServer
+from mcp.server.streamable_http import EventCallback, EventStore
+from mcp.types import JSONRPCMessage, ToolAnnotations
+
+from tests.asgi import uvicorn_serving
+from tests.conftest import Tool
+from tests.wire import Wire, mcp_client
+
+# What crosses between the agent and the server through the tap, besides the body.
+_ASKED = ("Content-Type", "Accept", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID")
+_ANSWERED = ("Content-Type", "Mcp-Session-Id", "Cache-Control")
+
+
+class MemoryEventStore(EventStore):
+    """Resumability as the SDK asks for it; with a store, every POST stream is primed."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, JSONRPCMessage | None]] = []
+        self._ids = itertools.count(1)
+
+    async def store_event(self, stream_id: str, message: JSONRPCMessage | None) -> str:
+        event_id = str(next(self._ids))
+        self.events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(self, last_event_id: str, send_callback: EventCallback) -> None:
+        return None  # no client here reconnects
+
+
+def tap(server_url: str, session: aiohttp.ClientSession, drop_first: frozenset[str]) -> Any:
+    """Relays every request to the MCP server as it streams; the first ``tools/call`` of a tool
+    in ``drop_first`` is sent, its whole answer read (the tool ran), and the agent's
+    connection closed without a byte of it: a reset after delivery."""
+    dropped: set[str] = set()
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {name: request.headers[name] for name in _ASKED if name in request.headers}
+        sent = orjson.loads(body) if body else None
+        tool = sent.get("params", {}).get("name") if isinstance(sent, dict) else None
+        async with session.request(
+            request.method, server_url + request.path_qs, data=body, headers=headers
+        ) as answer:
+            if tool in drop_first and tool not in dropped:
+                dropped.add(tool)
+                await answer.read()
+                request.transport.close()
+                return web.Response()
+            relayed = web.StreamResponse(
+                status=answer.status,
+                headers={
+                    name: answer.headers[name] for name in _ANSWERED if name in answer.headers
+                },
+            )
+            await relayed.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await relayed.write(chunk)
+            await relayed.write_eof()
+            return relayed
+
+    return relay
+
+
+@asynccontextmanager
+async def primed_mcp_agent(
+    server: MCPServer,
+    make_tool: Callable[..., Any],
+    make_sidecar: Callable[..., Any],
+    drop_first: frozenset[str] = frozenset(),
+    **settings: Any,
+) -> AsyncIterator[tuple[Client, Wire, Tool]]:
+    app = server.streamable_http_app(event_store=MemoryEventStore())
+    async with uvicorn_serving(app) as url, aiohttp.ClientSession(auto_decompress=False) as http:
+        tool = await make_tool(tap(url, http, drop_first))
+        sidecar = await make_sidecar(tool, **settings)
+        wire = Wire()
+        async with mcp_client(str(sidecar.client.make_url("/mcp")), wire, mode="legacy") as client:
+            yield client, wire, tool
+
+
+def listed(wire: Wire) -> list[Any]:
+    return [exchange for exchange in wire.exchanges if exchange.rpc_method == "tools/list"]
+
+
+async def test_a_reset_after_delivery_is_replayed_for_a_tool_a_streamed_list_marked_idempotent(
+    make_tool, make_sidecar
+):
+    """The annotations come in a primed event stream; ``lookup`` (``idempotentHint``) is sent
+    again after the reset, ``charge`` (no annotation) is not."""
+    runs: Counter[str] = Counter()
+    server = MCPServer("primed")
+
+    @server.tool(annotations=ToolAnnotations(idempotent_hint=True))
+    async def lookup(key: str) -> str:
+        runs["lookup"] += 1
+        return f"lookup run {runs['lookup']}"
+
+    @server.tool()
+    async def charge(amount: int) -> str:
+        runs["charge"] += 1
+        return f"charged {amount}"
+
+    drop_first = frozenset({"lookup", "charge"})
+    async with primed_mcp_agent(server, make_tool, make_sidecar, drop_first) as (
+        client,
+        wire,
+        _,
+    ):
+        await client.list_tools()
+        looked_up = await client.call_tool("lookup", {"key": "k"})
+        with pytest.raises(MCPError):
+            await client.call_tool("charge", {"amount": 5})
+
+    [tools_list] = listed(wire)
+    assert tools_list.headers["content-type"].startswith("text/event-stream")
+    assert looked_up.content[0].text == "lookup run 2"
+    assert runs == {"lookup": 2, "charge": 1}
+    lookup_call, charge_call = wire.tool_calls()
+    assert lookup_call.headers["X-Sidecar-Attempts"] == "2"
+    assert lookup_call.headers["X-Sidecar-Outcome"] == "recovered"
+    assert charge_call.status == 502
+    assert orjson.loads(charge_call.error_body)["error"]["code"] == "UPSTREAM_RESET"
+    assert charge_call.headers["X-Sidecar-Attempts"] == "1"
+
+
+async def test_a_streamed_retryable_json_rpc_error_is_retried_for_a_tool_safe_to_repeat(
+    make_tool, make_sidecar
+):
+    """``error.data.retryable: true`` in the event after the priming one: the read-only
+    ``quote`` is sent again and recovers, ``place_order`` is not sent again."""
+    runs: Counter[str] = Counter()
+    server = MCPServer("primed")
+
+    def warming_up_first_time(name: str) -> str:
+        runs[name] += 1
+        if runs[name] == 1:
+            raise MCPError(-32603, "price feed warming up", {"retryable": True})
+        return f"{name} run {runs[name]}"
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def quote(symbol: str) -> str:
+        return warming_up_first_time("quote")
+
+    @server.tool()
+    async def place_order(symbol: str) -> str:
+        return warming_up_first_time("place_order")
+
+    async with primed_mcp_agent(server, make_tool, make_sidecar) as (client, wire, _):
+        await client.list_tools()
+        quoted = await client.call_tool("quote", {"symbol": "ACME"})
+        with pytest.raises(MCPError) as refused:
+            await client.call_tool("place_order", {"symbol": "ACME"})
+
+    assert quoted.content[0].text == "quote run 2"
+    assert refused.value.code == -32603
+    assert runs == {"quote": 2, "place_order": 1}
+    quote_call, order_call = wire.tool_calls()
+    assert quote_call.headers["content-type"].startswith("text/event-stream")
+    assert quote_call.headers["X-Sidecar-Trail"].startswith("200 backoff=")
+    assert quote_call.headers["X-Sidecar-Outcome"] == "recovered"
+    assert (order_call.headers["X-Sidecar-Attempts"], order_call.headers["X-Sidecar-Outcome"]) == (
+        "1",
+        "not-retryable",
+    )
+
+
+async def test_a_streamed_is_error_result_is_judged_not_reported_ok(make_tool, make_sidecar):
+    """A tool that raised: its ``isError`` result, after the priming event, is a failed call
+    (as the same result in a JSON answer is), not ``ok``; it runs once."""
+    runs: Counter[str] = Counter()
+    server = MCPServer("primed")
+
+    @server.tool()
+    async def capture(order: str) -> str:
+        runs["capture"] += 1
+        raise RuntimeError("card declined after the hold was placed")
+
+    async with primed_mcp_agent(server, make_tool, make_sidecar) as (client, wire, _):
+        captured = await client.call_tool("capture", {"order": "o-1"})
+
+    assert captured.is_error
+    assert runs["capture"] == 1
+    [call] = wire.tool_calls()
+    assert call.headers["content-type"].startswith("text/event-stream")
+    assert call.headers["X-Sidecar-Outcome"] == "not-retryable"
+
+
+async def test_an_answer_slower_than_the_inspection_window_is_relayed_and_runs_once(
+    make_tool, make_sidecar
+):
+    """The priming event comes at once, the answer after the inspection window: the stream
+    goes to the agent as it is, and the call is not sent again."""
+    runs: Counter[str] = Counter()
+    server = MCPServer("primed")
+
+    @server.tool()
+    async def settle(invoice: str) -> str:
+        runs["settle"] += 1
+        await asyncio.sleep(0.5)
+        return f"settled {invoice}"
+
+    async with primed_mcp_agent(server, make_tool, make_sidecar, inspect_timeout_ms=200) as (
+        client,
+        wire,
+        _,
+    ):
+        settled = await client.call_tool("settle", {"invoice": "inv-7"})
+
+    assert settled.content[0].text == "settled inv-7"
+    assert runs["settle"] == 1
+    [call] = wire.tool_calls()
+    assert call.headers["content-type"].startswith("text/event-stream")
+    assert call.headers["X-Sidecar-Attempts"] == "1"
+
+
+# --- the stream as the agent gets it: every byte, in order --------------------------------
+
+ERROR = {"code": -32603, "message": "busy", "data": {"retryable": True}}
+STREAM = [
+    b": ping\r",  # a comment, its CRLF cut between two writes
+    b"\n\r\nid: 41\r\ndata: \r\n\r\n",  # the priming event
+    b'event: message\rdata: {"jsonrpc":"2.0","method":"notifications/progress",',
+    b'\rdata: "params":{"progressToken":1,"progress":0.5}}\r\r',  # a notification over 2 lines
+    b'data: {"jsonrpc":"2.0","id":"call-9","error":' + orjson.dumps(ERROR) + b"}\n",
+    b"\nid: 43\n: after the answer\n\n",  # bytes past the answer, in the same write
+]
+
+
+def streaming(runs: Counter[str], chunks: list[bytes]) -> Callable[[web.Request], Any]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        runs["calls"] += 1
+        answer = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await answer.prepare(request)
+        for chunk in chunks:
+            await answer.write(chunk)
+            await asyncio.sleep(0.01)  # the tool's pacing: each write its own TCP segment
+        await answer.write_eof()
+        return answer
+
+    return handle
+
+
+CALL = {"jsonrpc": "2.0", "id": "call-9", "method": "tools/call", "params": {"name": "lookup"}}
+
+
+async def test_the_agent_gets_the_whole_stream_byte_for_byte_after_the_answer_decided(
+    make_tool, make_sidecar
+):
+    """The decision read up to the answer (a retryable error, sent again since the agent
+    made the call safe with its key); the agent gets the last attempt's stream as it came:
+    the bytes read for the decision, then the rest."""
+    runs: Counter[str] = Counter()
+    tool = await make_tool(streaming(runs, STREAM))
+    sidecar = await make_sidecar(tool, max_retries=1)
+
+    answer = await sidecar.client.post("/mcp", json=CALL, headers={"Idempotency-Key": "k-9"})
+
+    assert await answer.read() == b"".join(STREAM)
+    assert runs["calls"] == int(answer.headers["X-Sidecar-Attempts"]) == 2
+    assert answer.headers["X-Sidecar-Outcome"] == "exhausted"
+
+
+async def test_an_answer_past_the_inspect_limit_is_relayed_and_judged_by_its_status(
+    make_tool, make_sidecar
+):
+    """256 KiB of notifications before the answer: the decision does not guess from them;
+    the stream goes to the agent whole and the call, a 200, counts as answered."""
+    runs: Counter[str] = Counter()
+    notification = b'data: {"jsonrpc":"2.0","method":"notifications/message","params":{}}\n\n'
+    chunks = [notification * 400] * 10 + STREAM[4:]
+    tool = await make_tool(streaming(runs, chunks))
+    sidecar = await make_sidecar(tool)
+
+    answer = await sidecar.client.post("/mcp", json=CALL, headers={"Idempotency-Key": "k-9"})
+
+    assert await answer.read() == b"".join(chunks)
+    assert runs["calls"] == 1
+    assert answer.headers["X-Sidecar-Outcome"] == "ok"
