@@ -496,6 +496,7 @@ async def test_circuit_opens_rejects_then_probes_and_closes(make_tool, make_side
         clock=clock,
         max_retries=0,
         circuit_failures=3,
+        circuit_min_calls=0,
         circuit_open_ms=30000,
         circuit_half_open_probes=1,
     )
@@ -523,7 +524,12 @@ async def test_failed_probe_reopens_the_circuit(make_tool, make_sidecar):
     clock = FakeClock()
     tool = await make_tool(scripted(UNAVAILABLE))
     sidecar = await make_sidecar(
-        tool, clock=clock, max_retries=0, circuit_failures=1, circuit_open_ms=1000
+        tool,
+        clock=clock,
+        max_retries=0,
+        circuit_failures=1,
+        circuit_min_calls=0,
+        circuit_open_ms=1000,
     )
 
     await sidecar.client.get("/")
@@ -572,7 +578,9 @@ async def test_a_call_holding_the_tools_answer_returns_it_when_the_circuit_opens
         await proceed.wait()
 
     tool = await make_tool(scripted(UNAVAILABLE))
-    sidecar = await make_sidecar(tool, sleep=sleep, circuit_failures=2, max_retries=1)
+    sidecar = await make_sidecar(
+        tool, sleep=sleep, circuit_failures=2, circuit_min_calls=0, max_retries=1
+    )
 
     waiting = asyncio.create_task(sidecar.client.get("/", headers={"X-Sidecar-Max-Retries": "1"}))
     await asyncio.wait_for(sleeping.wait(), timeout=5)

@@ -107,6 +107,7 @@ class Tuning(BaseModel):
     retry_budget_ratio: Number = Field(0.2, ge=0.0)
     retry_budget_min_per_s: Number = Field(10.0, ge=0.0)
     circuit_failures: Count = 5
+    circuit_min_calls: Count = 20
     circuit_failure_rate: Number = Field(0.5, gt=0.0, le=1.0)
     circuit_window_ms: DurationMs = Field(30000, gt=0)
     circuit_open_ms: DurationMs = Field(30000, gt=0)
