@@ -36,7 +36,7 @@ from sidecar.retry.guards.circuit import Ticket
 from sidecar.retry.guards.fleet import StateStore
 from sidecar.retry.guards.route import RouteGuards
 from sidecar.retry.hedge import Copy, Hedging
-from sidecar.retry.policy import Limits
+from sidecar.retry.policy import Limits, attempt_timeout_s
 from sidecar.telemetry import Hooks
 from sidecar.transport.exchange import Answer, UpstreamRequest, read_for_decision, send
 from sidecar.transport.pool import Pool, Response
@@ -208,7 +208,7 @@ class _Run:
                 # The circuit opened meanwhile: what this request has is what it returns.
                 self.trail.append("circuit_open")
                 open_for_s = circuit.open_for_s()
-                return self._result(_stopped_by(attempt), attempt, open_for_s), attempt
+                return self._result(attempt.stopped_outcome, attempt, open_for_s), attempt
             refused = await self._wait_out_cooldown(attempt)
             if refused is not None:
                 return refused, attempt
@@ -281,7 +281,12 @@ class _Run:
     def _start_copy(self, hedge: bool = False) -> tuple[Copy, UpstreamRequest]:
         """A new attempt's record, and its request as it must go upstream."""
         self.attempts += 1
-        per_try = min(self.tuning.per_try_timeout_ms / 1000, self.deadline - self.clock())
+        per_try = attempt_timeout_s(
+            self.tuning.per_try_timeout_ms / 1000,
+            self.deadline - self.clock(),
+            first=self.attempts == 1,
+            agent_deadline=self.controls.agent_deadline,
+        )
         request = self.hooks.attempt_started(self.attempts, self.request, hedge=hedge)
         return Copy(self.attempts, self.clock(), per_try, hedge), request
 
@@ -388,13 +393,3 @@ class _Run:
         if paused_for_s is not None and self.last_answer is None and error is None:
             result.circuit_open_for_s, result.tool = paused_for_s, self.tool
         return result
-
-
-def _stopped_by(attempt: Attempt) -> Outcome:
-    """The outcome when retries end before their limit because of the tool's state."""
-    result = attempt.result
-    return (
-        Outcome.UNREACHABLE
-        if isinstance(result, AttemptError) and result.not_connected
-        else Outcome.EXHAUSTED
-    )
