@@ -21,6 +21,7 @@ from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
 from sidecar.retry import cooldowns
 from sidecar.retry.attempt import Attempt, Result, carrying, judge, seconds_token
 from sidecar.retry.call import describe
+from sidecar.retry.cancel import cancelled, unless_stopped
 from sidecar.retry.classify import Action
 from sidecar.retry.controls import RequestControls
 from sidecar.retry.decide import (
@@ -74,13 +75,14 @@ class Engine:
         request: UpstreamRequest,
         controls: RequestControls,
         payload: Payload | None,
+        stop: asyncio.Event | None = None,
     ) -> Result:
-        """Send ``request`` until an answer can go back.
+        """Send ``request`` until an answer can go back, or the agent cancels it (``stop``).
 
         ``payload`` is the buffered body, which may be replayed and repaired; ``None`` means
         the body streams through and the request is tried once.
         """
-        return await _Run(self, route, request, controls, payload).run()
+        return await _Run(self, route, request, controls, payload).run(stop)
 
 
 class _Run:
@@ -136,7 +138,7 @@ class _Run:
             trail=self.trail,
         )
 
-    async def run(self) -> Result:
+    async def run(self, stop: asyncio.Event | None) -> Result:
         self.guards.budget.record_request()
         circuit = self.tool_guards.circuit
         admitted = circuit.admit()
@@ -151,13 +153,16 @@ class _Run:
                 circuit.abandon(admitted)
                 return refused
             self._prepare()
-            result, last = await self._loop(admitted)
+            ended = await unless_stopped(self._loop(admitted), stop)
         except asyncio.CancelledError:
             # The agent went away during an attempt, a repair or a wait.
             circuit.abandon(admitted)
             if self.last_answer is not None:
                 self.last_answer.discard()
             raise
+        if ended is None:  # the agent cancelled it: no verdict on the tool
+            return cancelled(circuit, admitted, self.attempts, self.trail, self.last_answer)
+        result, last = ended
         failed = last.verdict.is_failure and result.outcome not in (Outcome.OK, Outcome.RECOVERED)
         await self.tool_guards.record(admitted, failed, self.tuning.circuit_window_ms / 1000)
         self.hooks.circuit_state(self.route.name, circuit.state, self.tool)

@@ -16,6 +16,7 @@ from sidecar import ids
 from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.retry.attempt import Result
+from sidecar.retry.cancel import InFlight
 from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
 from sidecar.serve import answers
@@ -107,6 +108,7 @@ class Proxy:
         self._all_done = asyncio.Event()
         self._all_done.set()
         self._draining = False
+        self._mcp_requests = InFlight()  # what an MCP ``notifications/cancelled`` can stop
 
     async def handle(self, request: AgentRequest) -> Reply:
         try:
@@ -232,12 +234,12 @@ class Proxy:
             streamed, sent, payload = body, body.chunks(), None
         else:
             streamed, sent, payload = None, body, Payload(body)
-        result = await self._engine.run(
-            route,
-            UpstreamRequest(request.method, target.url, headers, sent),
-            request_controls(route.tuning, request.headers),
-            payload,
-        )
+        upstream = UpstreamRequest(request.method, target.url, headers, sent)
+        buffered = None if payload is None else payload.body
+        with self._mcp_requests.watch(route.name, request.headers, buffered) as stop:
+            result = await self._engine.run(
+                route, upstream, request_controls(route.tuning, request.headers), payload, stop
+            )
         call.outcome, call.attempts = result.outcome, result.attempts
         call.trail = ", ".join(result.trail)
         self._waiting_for_tool.discard(task)
