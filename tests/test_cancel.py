@@ -199,6 +199,10 @@ async def test_the_mcp_sdks_own_cancellation_stops_a_replay(make_sidecar):
                 await client.call_tool("lookup", {"key": "k"}, read_timeout_seconds=1)
             # The call's request has ended (the session's GET stream stays in flight).
             await eventually(lambda: cancelled_calls(sidecar) == 1)
+            # The SDK still hands the call's late answer to its session; a round trip after
+            # it arrived lets that finish before the client closes its streams.
+            await eventually(lambda: len(wire.tool_calls()) == 1)
+            await client.list_tools()
 
     assert runs["lookup"] == 1
     assert "notifications/cancelled" in [exchange.rpc_method for exchange in wire.exchanges]
