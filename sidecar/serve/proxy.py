@@ -109,6 +109,8 @@ class Proxy:
         self._all_done.set()
         self._draining = False
         self._mcp_requests = InFlight()  # what an MCP ``notifications/cancelled`` can stop
+        # Set when the drain starts: event streams that carry no call end at an event boundary.
+        self._streams_end = asyncio.Event()
 
     async def handle(self, request: AgentRequest) -> Reply:
         try:
@@ -164,10 +166,13 @@ class Proxy:
     async def drain(self, timeout_s: float) -> None:
         """Let the requests in flight finish for up to ``timeout_s``, then cut the rest.
 
-        A request still waiting for the tool then gets ``UPSTREAM_TIMEOUT`` with
-        ``details.reason: "shutdown"``; one whose answer is already streaming is cut.
+        An event stream that carries no call (a ``GET``'s: MCP's own stream, a feed) ends
+        at once, after its last whole event: it would otherwise hold the drain for all of
+        ``timeout_s``. A request still waiting for the tool then gets ``UPSTREAM_TIMEOUT``
+        with ``details.reason: "shutdown"``; one whose answer is already streaming is cut.
         """
         self._draining = True
+        self._streams_end.set()
         try:
             await asyncio.wait_for(self._all_done.wait(), timeout_s)
         except TimeoutError:
@@ -245,7 +250,9 @@ class Proxy:
         self._waiting_for_tool.discard(task)
         if result.answer is not None:
             call.status = result.answer.status
-            return await relay(request, result.answer, _report(result))
+            # A GET carries no call: its stream (MCP's own, a feed) may end at the drain.
+            ending = self._streams_end if request.method == "GET" else None
+            return await relay(request, result.answer, _report(result), ending)
         response = self._answer_of_our_own(call.route, result, streamed)
         call.status = response.status
         return response
