@@ -372,6 +372,7 @@ def sidecar_defaults() -> str:
         "retry_budget_ratio",
         "retry_budget_min_per_s",
         "circuit_failures",
+        "circuit_min_calls",
         "circuit_open_ms",
     )
     return ", ".join(f"{key}={settings[key]}" for key in keys if key in settings)

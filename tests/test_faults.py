@@ -254,6 +254,7 @@ async def test_a_thousand_requests_in_backoff_are_all_answered_in_bounded_memory
         sleep=asyncio.sleep,
         backoff_base_ms=300,
         backoff_jitter="equal",
+        request_timeout_ms=120000,  # a thousand at once on a busy machine: memory, not time
         retry_budget_ratio=1.0,
         circuit_failures=0,
         upstream_max_connections=0,

@@ -167,32 +167,39 @@ async def test_a_wait_in_the_envelope_holds_back_its_path_only(
 
 
 async def test_the_circuit_counts_failures_across_the_fleet(make_tool, make_sidecar, redis_store):
+    """The fleet's window holds the evidence: the circuit opens once the replicas together
+    have seen ``circuit_min_calls`` calls, though neither has alone."""
     tool = await make_tool(lambda _: asyncio.sleep(0, web.json_response({}, status=503)))
     guarded = {
         **shared(redis_store),
         "max_retries": 0,
         "circuit_failures": 4,
+        "circuit_min_calls": 6,
         "circuit_open_ms": 90000,
     }
     first = await make_sidecar(tool, **guarded)
     second = await make_sidecar(tool, **guarded)
 
-    for sidecar in (first, second, first, second):
-        assert (await sidecar.client.post("/forecast", json={})).status == 503
-    # Each replica saw two failures, the fleet four: the last one opened the circuit.
-    assert second.metric("sidecar_circuit_state", route="default", tool="/forecast") == 2
-    assert (
-        first.registry.get_sample_value(
+    def state(sidecar) -> float | None:
+        return sidecar.registry.get_sample_value(
             "sidecar_circuit_state", {"route": "default", "tool": "/forecast"}
         )
-        == 0
-    )
+
+    for sidecar in (first, second) * 2:
+        assert (await sidecar.client.post("/forecast", json={})).status == 503
+    # Four failed calls, past circuit_failures, but short of the six calls a rate needs.
+    assert state(first) == state(second) == 0
+    for sidecar in (first, second):
+        assert (await sidecar.client.post("/forecast", json={})).status == 503
+    # Each replica saw three calls, the fleet six: the last one opened the circuit.
+    assert state(second) == 2
+    assert state(first) == 0
 
     refused = await first.client.post("/forecast", json={})
 
     assert (await refused.json())["error"]["code"] == "CIRCUIT_OPEN"
     assert 80 < int(refused.headers["Retry-After"]) <= 90
-    assert len(tool.seen) == 4
+    assert len(tool.seen) == 6
 
 
 async def test_a_store_that_is_frozen_or_gone_costs_a_count_and_changes_no_answer(

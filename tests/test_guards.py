@@ -64,6 +64,33 @@ async def test_a_steady_share_of_faulty_answers_never_opens_the_circuit(make_too
         )
 
 
+async def test_a_tool_that_retries_recover_is_never_refused_after_an_early_burst(
+    make_tool, make_sidecar
+):
+    """The shipped circuit: an agent's first five calls each fail all four attempts (a
+    burst of 20 failed attempts, 5 failed calls of 6), then the tool fails every other
+    attempt and each call recovers on its retry. No call is ever refused: five failed
+    calls are too few to judge a rate by, and a recovered call is a success."""
+    attempts = itertools.count(1)
+
+    async def flaky(request: web.Request) -> web.Response:
+        attempt = next(attempts)
+        if attempt <= 20 or attempt % 2:
+            return web.json_response({"error": "busy"}, status=503)
+        return web.json_response({"success": True})
+
+    sidecar = await make_sidecar(await make_tool(flaky))
+    outcomes = []
+    for _ in range(60):
+        response = await sidecar.client.post("/", json={"q": 1})
+        await response.read()
+        outcomes.append(response.headers["X-Sidecar-Outcome"])
+
+    assert outcomes[:5] == ["exhausted"] * 5
+    assert outcomes[5:] == ["recovered"] * 55
+    assert sidecar.metric("sidecar_circuit_state", route="default", tool="/") == 0
+
+
 async def test_concurrent_waits_the_tool_asked_for_do_not_end_together(make_tool, make_sidecar):
     answers: dict[str, int] = {}
 

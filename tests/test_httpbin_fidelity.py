@@ -813,7 +813,7 @@ async def test_httpbins_failing_endpoint_opens_its_own_circuit_and_get_keeps_ans
     """0.3 opened the route's circuit after six 503s from ``/status/503`` and refused a
     healthy ``/get`` for 30 s; each endpoint is a tool of its own now."""
     tool = httpbins["werkzeug"]
-    sidecar = await make_sidecar(tool.url, max_retries=0)
+    sidecar = await make_sidecar(tool.url, max_retries=0, circuit_min_calls=0)
     received_before = len(tool.seen)
 
     failing = [(await sidecar.client.get("/status/503")).status for _ in range(6)]

@@ -228,7 +228,11 @@ async def test_each_tool_shows_its_circuit_an_open_one_first_with_the_time_to_it
 
     clock = FakeClock()
     sidecar = await make_sidecar(
-        await make_tool(forecast_down), clock=clock, max_retries=0, circuit_failures=1
+        await make_tool(forecast_down),
+        clock=clock,
+        max_retries=0,
+        circuit_failures=1,
+        circuit_min_calls=0,
     )
     admin = await aiohttp_client(create_admin_app(sidecar.app))
 

@@ -115,7 +115,9 @@ async def test_a_route_of_many_tools_lists_those_not_closed_and_counts_the_rest(
             return web.json_response({"error": "down"}, status=503)
         return web.json_response({"success": True})
 
-    sidecar = await make_sidecar(await make_tool(one_tool_down), max_retries=0, circuit_failures=1)
+    sidecar = await make_sidecar(
+        await make_tool(one_tool_down), max_retries=0, circuit_failures=1, circuit_min_calls=0
+    )
     for tool in ("billing", *(f"tool-{number}" for number in range(7))):
         await sidecar.client.get(f"/{tool}")
     admin = await aiohttp_server(create_admin_app(sidecar.app))

@@ -8,7 +8,7 @@ from sidecar.config import Tuning
 from sidecar.outcomes import Outcome, Wait
 from sidecar.retry.controls import request_controls
 from sidecar.retry.guards.budget import RetryBudget
-from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
+from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket, opens
 from sidecar.retry.policy import Backoff, Limits, plan_wait
 from tests.conftest import FakeClock
 
@@ -112,6 +112,7 @@ def test_budget_allows_the_floor_plus_a_ratio_of_requests_in_the_window():
 def breaker(clock: FakeClock, **overrides) -> CircuitBreaker:
     settings = {
         "min_failures": 5,
+        "min_calls": 0,
         "failure_rate": 0.5,
         "window_s": 30.0,
         "open_s": 5.0,
@@ -152,6 +153,65 @@ def test_circuit_needs_the_minimum_number_of_failed_requests():
     finish(circuit, failed=True, count=4)  # 100% failed, but only 4
     assert circuit.state is CircuitState.CLOSED
     finish(circuit, failed=True)
+    assert circuit.state is CircuitState.OPEN
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "state"),
+    [
+        # One agent's burst: 5 of its first 6 calls failed. Too few calls to judge.
+        ("FFFFFS", CircuitState.CLOSED),
+        # Every call failed, but 19 are still short of the 20 the rate needs.
+        ("F" * 19, CircuitState.CLOSED),
+        ("F" * 20, CircuitState.OPEN),
+        # A tool whose calls fail half the time but are recovered by retries: every
+        # request is a success (the engine records RECOVERED as one).
+        ("S" * 40, CircuitState.CLOSED),
+        # 20 calls in the window, 10 failed: half, the rate.
+        ("SF" * 10, CircuitState.OPEN),
+        ("SSF" * 7, CircuitState.CLOSED),  # a third failed
+        # The 20th call reaches the evidence; the rate was past 0.5 all along.
+        ("S" * 9 + "F" * 11, CircuitState.OPEN),
+    ],
+)
+def test_circuit_judges_a_failure_rate_only_over_enough_calls(verdicts, state):
+    circuit = breaker(FakeClock(), min_calls=20)
+    for verdict in verdicts:
+        finish(circuit, failed=verdict == "F")
+    assert circuit.state is state
+
+
+@pytest.mark.parametrize(
+    ("requests", "failures", "min_calls", "min_failures", "rate", "opens_it"),
+    [
+        (20, 10, 20, 5, 0.5, True),
+        (19, 19, 20, 5, 0.5, False),  # not enough calls, whatever the rate
+        (6, 5, 20, 5, 0.5, False),
+        (6, 5, 0, 5, 0.5, True),  # min_calls 0: the rate counts from the first call
+        # A low rate: the failures' floor keeps a few failed calls from opening it.
+        (40, 4, 20, 5, 0.1, False),
+        (40, 5, 20, 5, 0.1, True),
+        (40, 19, 20, 5, 0.5, False),
+        (40, 20, 20, 5, 0.5, True),
+    ],
+)
+def test_the_opening_rule_is_calls_and_failures_and_rate(
+    requests, failures, min_calls, min_failures, rate, opens_it
+):
+    assert opens(requests, failures, min_calls, min_failures, rate) is opens_it
+
+
+def test_a_fleets_totals_are_judged_by_the_same_rule():
+    """Another replica's calls count as evidence: with the fleet's 19 in the window, this
+    process's first failed call is the 20th."""
+    circuit = breaker(FakeClock(), min_calls=20)
+    ticket = circuit.admit()
+    assert isinstance(ticket, Ticket)
+    circuit.record(ticket, failed=True, fleet_totals=(19, 9))
+    assert circuit.state is CircuitState.CLOSED
+    ticket = circuit.admit()
+    assert isinstance(ticket, Ticket)
+    circuit.record(ticket, failed=True, fleet_totals=(20, 10))
     assert circuit.state is CircuitState.OPEN
 
 
@@ -231,16 +291,16 @@ def test_zero_failures_disables_the_breaker():
 @pytest.mark.parametrize(
     ("headers", "retries", "timeout_s"),
     [
-        ({}, 3, 120.0),
-        ({"X-Sidecar-Max-Retries": "1"}, 1, 120.0),
-        ({"X-Sidecar-Max-Retries": "10"}, 3, 120.0),
-        ({"X-Sidecar-Max-Retries": "-1"}, 3, 120.0),
-        ({"X-Sidecar-Max-Retries": "1e3"}, 3, 120.0),
-        ({"X-Sidecar-Max-Retries": "²"}, 3, 120.0),
+        ({}, 3, 4.0),
+        ({"X-Sidecar-Max-Retries": "1"}, 1, 4.0),
+        ({"X-Sidecar-Max-Retries": "10"}, 3, 4.0),
+        ({"X-Sidecar-Max-Retries": "-1"}, 3, 4.0),
+        ({"X-Sidecar-Max-Retries": "1e3"}, 3, 4.0),
+        ({"X-Sidecar-Max-Retries": "²"}, 3, 4.0),
         ({"X-Sidecar-Timeout-Ms": "500"}, 3, 0.5),
-        ({"X-Sidecar-Timeout-Ms": "999999999"}, 3, 120.0),
-        ({"X-Sidecar-Timeout-Ms": "0"}, 3, 120.0),
-        ({"X-Sidecar-Timeout-Ms": "soon"}, 3, 120.0),
+        ({"X-Sidecar-Timeout-Ms": "999999999"}, 3, 4.0),
+        ({"X-Sidecar-Timeout-Ms": "0"}, 3, 4.0),
+        ({"X-Sidecar-Timeout-Ms": "soon"}, 3, 4.0),
     ],
 )
 def test_control_headers_only_lower_limits(headers, retries, timeout_s):

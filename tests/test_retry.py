@@ -340,7 +340,7 @@ def _http_date(seconds_from_now: float) -> str:
 )
 async def test_every_wait_source_is_honoured(make_tool, make_sidecar, first, expected_wait):
     tool = await make_tool(scripted(first, OK))
-    sidecar = await make_sidecar(tool, max_retry_after_ms=60000)
+    sidecar = await make_sidecar(tool, max_retry_after_ms=60000, request_timeout_ms=120000)
 
     response = await sidecar.client.get("/")
 
@@ -366,7 +366,7 @@ async def test_http_date_and_unix_time_waits(make_tool, make_sidecar):
             OK,
         )
     )
-    sidecar = await make_sidecar(tool)
+    sidecar = await make_sidecar(tool, request_timeout_ms=120000)
 
     await sidecar.client.get("/")
 
@@ -380,7 +380,9 @@ async def test_unusable_or_past_retry_after_falls_back_or_retries_now(
     make_tool, make_sidecar, value
 ):
     tool = await make_tool(scripted(json_answer(503, {}, {"Retry-After": value}), OK))
-    sidecar = await make_sidecar(tool, backoff_jitter="none", backoff_base_ms=500)
+    sidecar = await make_sidecar(
+        tool, backoff_jitter="none", backoff_base_ms=500, backoff_max_ms=500
+    )
 
     response = await sidecar.client.get("/")
 
@@ -414,8 +416,14 @@ async def test_wait_past_the_deadline_returns_the_answer_now(make_tool, make_sid
     assert response.headers["X-Sidecar-Outcome"] == "deadline"
 
 
-async def test_deadline_cuts_a_slow_attempt(make_tool, make_sidecar):
+async def test_deadline_cuts_a_slow_retry(make_tool, make_sidecar):
+    """The first attempt answers 503 at once; the retry hangs and is cut at the deadline:
+    the agent gets the 503 it had."""
+    answers = [UNAVAILABLE]
+
     async def hang(request: web.Request) -> web.Response:
+        if answers:
+            return answers.pop()()
         await asyncio.sleep(5)
         return web.json_response({})
 
@@ -423,9 +431,10 @@ async def test_deadline_cuts_a_slow_attempt(make_tool, make_sidecar):
 
     response = await sidecar.client.get("/")
 
-    assert response.status == 504
+    assert response.status == 503
     assert response.headers["X-Sidecar-Outcome"] == "deadline"
-    assert response.headers["X-Sidecar-Attempts"] == "1"
+    assert response.headers["X-Sidecar-Attempts"] == "2"
+    assert response.headers["X-Sidecar-Trail"].endswith("timeout stop=deadline")
 
 
 async def test_waiting_uses_up_the_deadline(make_tool, make_sidecar):
@@ -496,6 +505,7 @@ async def test_circuit_opens_rejects_then_probes_and_closes(make_tool, make_side
         clock=clock,
         max_retries=0,
         circuit_failures=3,
+        circuit_min_calls=0,
         circuit_open_ms=30000,
         circuit_half_open_probes=1,
     )
@@ -523,7 +533,12 @@ async def test_failed_probe_reopens_the_circuit(make_tool, make_sidecar):
     clock = FakeClock()
     tool = await make_tool(scripted(UNAVAILABLE))
     sidecar = await make_sidecar(
-        tool, clock=clock, max_retries=0, circuit_failures=1, circuit_open_ms=1000
+        tool,
+        clock=clock,
+        max_retries=0,
+        circuit_failures=1,
+        circuit_min_calls=0,
+        circuit_open_ms=1000,
     )
 
     await sidecar.client.get("/")
@@ -572,7 +587,9 @@ async def test_a_call_holding_the_tools_answer_returns_it_when_the_circuit_opens
         await proceed.wait()
 
     tool = await make_tool(scripted(UNAVAILABLE))
-    sidecar = await make_sidecar(tool, sleep=sleep, circuit_failures=2, max_retries=1)
+    sidecar = await make_sidecar(
+        tool, sleep=sleep, circuit_failures=2, circuit_min_calls=0, max_retries=1
+    )
 
     waiting = asyncio.create_task(sidecar.client.get("/", headers={"X-Sidecar-Max-Retries": "1"}))
     await asyncio.wait_for(sleeping.wait(), timeout=5)

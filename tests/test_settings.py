@@ -23,16 +23,17 @@ def test_defaults_are_the_contracts():
     assert (settings.host, settings.port, settings.admin_port) == ("127.0.0.1", 8090, 9464)
     assert settings.admin_host == "127.0.0.1"
     assert settings.max_retries == 3
-    assert (settings.backoff_base_ms, settings.backoff_max_ms) == (1000, 10000)
+    assert (settings.backoff_base_ms, settings.backoff_max_ms) == (25, 250)
     assert settings.backoff_multiplier == 2.0
     assert settings.backoff_jitter == "full"
     assert settings.max_retry_after_ms == 60000
-    assert (settings.per_try_timeout_ms, settings.request_timeout_ms) == (30000, 120000)
+    assert (settings.per_try_timeout_ms, settings.request_timeout_ms) == (30000, 4000)
     assert settings.retry_on_status == {500, 502, 503, 504}
     assert settings.upstream_max_connections == 1000
     assert settings.max_body_bytes == 10485760
     assert (settings.retry_budget_ratio, settings.retry_budget_min_per_s) == (0.2, 10)
     assert (settings.circuit_failures, settings.circuit_open_ms) == (5, 30000)
+    assert settings.circuit_min_calls == 20
     assert settings.idempotency_header == "Idempotency-Key"
     assert settings.repair == "auto"
     assert settings.llm_model == "gpt-4o-mini"
@@ -58,6 +59,31 @@ def test_environment_sets_every_field(monkeypatch: pytest.MonkeyPatch):
     assert settings.backoff_jitter == "decorrelated"
     assert settings.log_level == "debug"
     assert settings.access_log is True
+
+
+def test_an_unset_backoff_cap_is_ten_times_the_base_of_the_process_or_route(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Envoy's rule: a configuration from before 0.5 that sets only the base (1 s, or
+    GoMind's alias) keeps a cap above it; a cap that is set is kept, and checked."""
+    monkeypatch.setenv("SIDECAR_BACKOFF_BASE_MS", "1000")
+    monkeypatch.setenv(
+        "SIDECAR_ROUTES",
+        '[{"name": "a", "prefix": "/a", "upstream": "http://a"},'
+        ' {"name": "b", "prefix": "/b", "upstream": "http://b", "backoff_base_ms": 2000},'
+        ' {"name": "c", "prefix": "/c", "upstream": "http://c", "backoff_max_ms": 1500}]',
+    )
+    settings = load_settings()
+    a, b, c = resolve_routes(settings)
+
+    assert settings.backoff_max_ms == 10000
+    assert (a.tuning.backoff_max_ms, b.tuning.backoff_max_ms, c.tuning.backoff_max_ms) == (
+        10000,
+        20000,
+        1500,
+    )
+    with pytest.raises(ConfigError, match="backoff_max_ms must be at least backoff_base_ms"):
+        load_settings(backoff_max_ms=500)
 
 
 def test_file_then_environment_then_flags_and_route_values_win_for_their_route(

@@ -11,7 +11,12 @@ from structlog.testing import capture_logs
 from sidecar.retry.guards.tools import MAX_TOOLS_PER_ROUTE, OVERFLOW_TOOL
 from tests.conftest import FakeClock
 
-GUARDED = {"max_retries": 0, "circuit_failures": 3, "circuit_open_ms": 30000}
+GUARDED = {
+    "max_retries": 0,
+    "circuit_failures": 3,
+    "circuit_min_calls": 0,
+    "circuit_open_ms": 30000,
+}
 
 
 async def rest_tool(request: web.Request) -> web.Response:

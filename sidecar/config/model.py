@@ -93,20 +93,25 @@ class Tuning(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_retries: Count = Field(3, le=100)
-    backoff_base_ms: DurationMs = 1000
-    backoff_max_ms: DurationMs = 10000
+    # Envoy's own defaults (25 ms, ten times that): an agent's 5 s clock leaves no room
+    # for second-long waits, and the deadline below caps whatever the waits add up to.
+    backoff_base_ms: DurationMs = 25
+    backoff_max_ms: DurationMs = 250
     backoff_multiplier: Number = Field(2.0, ge=1.0, le=100.0)
     backoff_jitter: JitterMode = "full"
     max_retry_after_ms: DurationMs = 60000
     per_try_timeout_ms: DurationMs = Field(30000, gt=0)
     inspect_timeout_ms: DurationMs = Field(2000, gt=0)
     replay_delivered: ReplayMode = "safe"
-    request_timeout_ms: DurationMs = Field(120000, gt=0)
+    # Retries end by 4 s: inside the 5 s timeout of openai-agents' MCP client and httpx,
+    # with a second for the answer to reach the agent. A first attempt is not cut by it.
+    request_timeout_ms: DurationMs = Field(4000, gt=0)
     retry_on_status: Annotated[frozenset[Count], NoDecode] = frozenset({500, 502, 503, 504})
     max_body_bytes: Count = 10 * 1024 * 1024
     retry_budget_ratio: Number = Field(0.2, ge=0.0)
     retry_budget_min_per_s: Number = Field(10.0, ge=0.0)
     circuit_failures: Count = 5
+    circuit_min_calls: Count = 20
     circuit_failure_rate: Number = Field(0.5, gt=0.0, le=1.0)
     circuit_window_ms: DurationMs = Field(30000, gt=0)
     circuit_open_ms: DurationMs = Field(30000, gt=0)
@@ -156,7 +161,12 @@ class Tuning(BaseModel):
 
     @model_validator(mode="after")
     def _backoff_cap_covers_base(self) -> Tuning:
-        if self.backoff_max_ms < self.backoff_base_ms:
+        if "backoff_max_ms" not in self.model_fields_set:
+            # Envoy's rule: unset, the cap is ten times the base (250 ms by default), so a
+            # configuration that sets only the base keeps working.
+            capped = min(10 * self.backoff_base_ms, MAX_DURATION_MS)
+            object.__setattr__(self, "backoff_max_ms", capped)
+        elif self.backoff_max_ms < self.backoff_base_ms:
             raise ValueError("backoff_max_ms must be at least backoff_base_ms")
         return self
 

@@ -16,7 +16,9 @@ from sidecar.config.model import TUNING_FIELDS, RouteConfig, Settings, Tuning
 
 def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
     """Every route with its process defaults merged under its own overrides."""
-    defaults = settings.model_dump(include=set(TUNING_FIELDS))
+    # A cap the settings did not set follows each route's own base (ten times it).
+    unset_cap = {"backoff_max_ms"} - settings.model_fields_set
+    defaults = settings.model_dump(include=set(TUNING_FIELDS - unset_cap))
     routes = []
     for index, spec in enumerate(settings.all_route_specs()):
         try:

@@ -45,6 +45,14 @@ class Attempt:
         result = self.result
         self.label = result.value if isinstance(result, AttemptError) else str(result.status)
 
+    @property
+    def stopped_outcome(self) -> Outcome:
+        """The outcome when retries end before their limit because of the tool's state."""
+        result = self.result
+        if isinstance(result, AttemptError) and result.not_connected:
+            return Outcome.UNREACHABLE
+        return Outcome.EXHAUSTED
+
 
 def judge(result: Answer | AttemptError | Malformed, retry_on_status: frozenset[int]) -> Attempt:
     """Read one attempt's answer (its envelope, when its body was read) into a verdict."""

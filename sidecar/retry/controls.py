@@ -25,6 +25,8 @@ class RequestControls:
     timeout_s: float
     repair: RepairLevel
     intent: str | None  # what the user asked for, for the LLM
+    # The agent set a deadline below the configured one: it bounds the first attempt too.
+    agent_deadline: bool = False
 
 
 def request_controls(tuning: Tuning, headers: Mapping[str, str]) -> RequestControls:
@@ -35,9 +37,9 @@ def request_controls(tuning: Tuning, headers: Mapping[str, str]) -> RequestContr
         max_retries = min(max_retries, asked_retries)
 
     timeout_ms = tuning.request_timeout_ms
-    asked_timeout = _non_negative_int(headers.get(TIMEOUT_MS))
-    if asked_timeout:
-        timeout_ms = min(timeout_ms, asked_timeout)
+    asked_timeout = _non_negative_int(headers.get(TIMEOUT_MS)) or timeout_ms
+    agent_deadline = asked_timeout < timeout_ms
+    timeout_ms = min(timeout_ms, asked_timeout)
 
     repair = tuning.repair
     asked_repair = (headers.get(REPAIR) or "").strip().lower()
@@ -51,6 +53,7 @@ def request_controls(tuning: Tuning, headers: Mapping[str, str]) -> RequestContr
         timeout_s=timeout_ms / 1000,
         repair=repair,
         intent=intent[:_MAX_INTENT_CHARS] if intent else None,
+        agent_deadline=agent_deadline,
     )
 
 

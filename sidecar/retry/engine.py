@@ -21,6 +21,7 @@ from sidecar.repair.pipeline import Proposal, RepairJob, Repairs
 from sidecar.retry import cooldowns
 from sidecar.retry.attempt import Attempt, Result, carrying, judge, seconds_token
 from sidecar.retry.call import describe
+from sidecar.retry.cancel import cancelled, unless_stopped
 from sidecar.retry.classify import Action
 from sidecar.retry.controls import RequestControls
 from sidecar.retry.decide import (
@@ -36,7 +37,7 @@ from sidecar.retry.guards.circuit import Ticket
 from sidecar.retry.guards.fleet import StateStore
 from sidecar.retry.guards.route import RouteGuards
 from sidecar.retry.hedge import Copy, Hedging
-from sidecar.retry.policy import Limits
+from sidecar.retry.policy import Limits, attempt_timeout_s
 from sidecar.telemetry import Hooks
 from sidecar.transport.exchange import Answer, UpstreamRequest, read_for_decision, send
 from sidecar.transport.pool import Pool, Response
@@ -74,13 +75,14 @@ class Engine:
         request: UpstreamRequest,
         controls: RequestControls,
         payload: Payload | None,
+        stop: asyncio.Event | None = None,
     ) -> Result:
-        """Send ``request`` until an answer can go back.
+        """Send ``request`` until an answer can go back, or the agent cancels it (``stop``).
 
         ``payload`` is the buffered body, which may be replayed and repaired; ``None`` means
         the body streams through and the request is tried once.
         """
-        return await _Run(self, route, request, controls, payload).run()
+        return await _Run(self, route, request, controls, payload).run(stop)
 
 
 class _Run:
@@ -136,7 +138,7 @@ class _Run:
             trail=self.trail,
         )
 
-    async def run(self) -> Result:
+    async def run(self, stop: asyncio.Event | None) -> Result:
         self.guards.budget.record_request()
         circuit = self.tool_guards.circuit
         admitted = circuit.admit()
@@ -151,13 +153,16 @@ class _Run:
                 circuit.abandon(admitted)
                 return refused
             self._prepare()
-            result, last = await self._loop(admitted)
+            ended = await unless_stopped(self._loop(admitted), stop)
         except asyncio.CancelledError:
             # The agent went away during an attempt, a repair or a wait.
             circuit.abandon(admitted)
             if self.last_answer is not None:
                 self.last_answer.discard()
             raise
+        if ended is None:  # the agent cancelled it: no verdict on the tool
+            return cancelled(circuit, admitted, self.attempts, self.trail, self.last_answer)
+        result, last = ended
         failed = last.verdict.is_failure and result.outcome not in (Outcome.OK, Outcome.RECOVERED)
         await self.tool_guards.record(admitted, failed, self.tuning.circuit_window_ms / 1000)
         self.hooks.circuit_state(self.route.name, circuit.state, self.tool)
@@ -208,7 +213,7 @@ class _Run:
                 # The circuit opened meanwhile: what this request has is what it returns.
                 self.trail.append("circuit_open")
                 open_for_s = circuit.open_for_s()
-                return self._result(_stopped_by(attempt), attempt, open_for_s), attempt
+                return self._result(attempt.stopped_outcome, attempt, open_for_s), attempt
             refused = await self._wait_out_cooldown(attempt)
             if refused is not None:
                 return refused, attempt
@@ -281,7 +286,12 @@ class _Run:
     def _start_copy(self, hedge: bool = False) -> tuple[Copy, UpstreamRequest]:
         """A new attempt's record, and its request as it must go upstream."""
         self.attempts += 1
-        per_try = min(self.tuning.per_try_timeout_ms / 1000, self.deadline - self.clock())
+        per_try = attempt_timeout_s(
+            self.tuning.per_try_timeout_ms / 1000,
+            self.deadline - self.clock(),
+            first=self.attempts == 1,
+            agent_deadline=self.controls.agent_deadline,
+        )
         request = self.hooks.attempt_started(self.attempts, self.request, hedge=hedge)
         return Copy(self.attempts, self.clock(), per_try, hedge), request
 
@@ -388,13 +398,3 @@ class _Run:
         if paused_for_s is not None and self.last_answer is None and error is None:
             result.circuit_open_for_s, result.tool = paused_for_s, self.tool
         return result
-
-
-def _stopped_by(attempt: Attempt) -> Outcome:
-    """The outcome when retries end before their limit because of the tool's state."""
-    result = attempt.result
-    return (
-        Outcome.UNREACHABLE
-        if isinstance(result, AttemptError) and result.not_connected
-        else Outcome.EXHAUSTED
-    )

@@ -57,6 +57,21 @@ class Limits:
     max_retry_after_s: float
 
 
+def attempt_timeout_s(
+    per_try_s: float, time_left_s: float, *, first: bool, agent_deadline: bool
+) -> float:
+    """How long one attempt may wait for its answer's head.
+
+    The deadline bounds the retries, not the call: a first attempt gets the whole per-try
+    timeout, so a tool whose healthy answer takes longer than a deadline sized for an
+    agent's retries still answers. Only a deadline the agent set itself
+    (``X-Sidecar-Timeout-Ms``) bounds the first attempt too: past it nobody waits.
+    """
+    if first and not agent_deadline:
+        return per_try_s
+    return min(per_try_s, time_left_s)
+
+
 def plan_wait(
     *,
     retries_done: int,

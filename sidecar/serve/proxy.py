@@ -16,6 +16,7 @@ from sidecar import ids
 from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.retry.attempt import Result
+from sidecar.retry.cancel import InFlight
 from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
 from sidecar.serve import answers
@@ -107,6 +108,9 @@ class Proxy:
         self._all_done = asyncio.Event()
         self._all_done.set()
         self._draining = False
+        self._mcp_requests = InFlight()  # what an MCP ``notifications/cancelled`` can stop
+        # Set when the drain starts: event streams that carry no call end at an event boundary.
+        self._streams_end = asyncio.Event()
 
     async def handle(self, request: AgentRequest) -> Reply:
         try:
@@ -162,10 +166,13 @@ class Proxy:
     async def drain(self, timeout_s: float) -> None:
         """Let the requests in flight finish for up to ``timeout_s``, then cut the rest.
 
-        A request still waiting for the tool then gets ``UPSTREAM_TIMEOUT`` with
-        ``details.reason: "shutdown"``; one whose answer is already streaming is cut.
+        An event stream that carries no call (a ``GET``'s: MCP's own stream, a feed) ends
+        at once, after its last whole event: it would otherwise hold the drain for all of
+        ``timeout_s``. A request still waiting for the tool then gets ``UPSTREAM_TIMEOUT``
+        with ``details.reason: "shutdown"``; one whose answer is already streaming is cut.
         """
         self._draining = True
+        self._streams_end.set()
         try:
             await asyncio.wait_for(self._all_done.wait(), timeout_s)
         except TimeoutError:
@@ -232,18 +239,20 @@ class Proxy:
             streamed, sent, payload = body, body.chunks(), None
         else:
             streamed, sent, payload = None, body, Payload(body)
-        result = await self._engine.run(
-            route,
-            UpstreamRequest(request.method, target.url, headers, sent),
-            request_controls(route.tuning, request.headers),
-            payload,
-        )
+        upstream = UpstreamRequest(request.method, target.url, headers, sent)
+        buffered = None if payload is None else payload.body
+        with self._mcp_requests.watch(route.name, request.headers, buffered) as stop:
+            result = await self._engine.run(
+                route, upstream, request_controls(route.tuning, request.headers), payload, stop
+            )
         call.outcome, call.attempts = result.outcome, result.attempts
         call.trail = ", ".join(result.trail)
         self._waiting_for_tool.discard(task)
         if result.answer is not None:
             call.status = result.answer.status
-            return await relay(request, result.answer, _report(result))
+            # A GET carries no call: its stream (MCP's own, a feed) may end at the drain.
+            ending = self._streams_end if request.method == "GET" else None
+            return await relay(request, result.answer, _report(result), ending)
         response = self._answer_of_our_own(call.route, result, streamed)
         call.status = response.status
         return response

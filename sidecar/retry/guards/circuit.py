@@ -2,11 +2,13 @@
 
 Closed: every request is admitted, and its final verdict — did the tool look unhealthy
 when the sidecar stopped (no answer, or a server error that did not forbid retries)? —
-is counted in a sliding window. The circuit opens when, within the window, at least
-``min_failures`` requests failed *and* they are at least ``failure_rate`` of all requests
-(Resilience4j's ``failureRateThreshold`` with ``minimumNumberOfCalls``). Counting requests
-rather than attempts means parallel calls that each recover after a few failed attempts
-never open it, while a dead tool opens it after a handful of calls.
+is counted in a sliding window. The circuit opens when the window holds at least
+``min_calls`` requests, at least ``min_failures`` of them failed, *and* they are at least
+``failure_rate`` of all (Hystrix's ``requestVolumeThreshold`` and Resilience4j's
+``minimumNumberOfCalls`` with its ``failureRateThreshold``). A rate over a few calls is
+noise: one agent's burst of five failed calls in its first six is no evidence that the
+next thirty will fail. Counting requests rather than attempts means calls that each
+recover after a few failed attempts never open it: a recovered request is a success.
 
 Open: requests are refused (``CIRCUIT_OPEN``) for ``open_s``. Half-open: up to ``probes``
 requests go through as probes; one failed probe re-opens the circuit, ``probes``
@@ -28,6 +30,12 @@ from sidecar.retry.guards.window import SlidingCounts
 _REQUESTS, _FAILURES = 0, 1
 
 
+def opens(requests: int, failures: int, min_calls: int, min_failures: int, rate: float) -> bool:
+    """Whether a window of ``requests`` finished requests, ``failures`` of them failed, is
+    evidence enough to open the circuit."""
+    return requests >= min_calls and failures >= min_failures and failures >= rate * requests
+
+
 class CircuitState(enum.IntEnum):
     CLOSED = 0
     HALF_OPEN = 1
@@ -47,6 +55,7 @@ class CircuitBreaker:
         self,
         *,
         min_failures: int,
+        min_calls: int,
         failure_rate: float,
         window_s: float,
         open_s: float,
@@ -54,6 +63,7 @@ class CircuitBreaker:
         clock: Callable[[], float],
     ) -> None:
         self._min_failures = min_failures  # 0 disables the breaker
+        self._min_calls = min_calls  # the evidence a failure rate needs
         self._failure_rate = failure_rate
         self._open_s = open_s
         self._probes = probes
@@ -125,7 +135,7 @@ class CircuitBreaker:
             return
         self._window.add(_FAILURES)
         requests, failures = fleet_totals or self._window.totals()
-        if failures >= self._min_failures and failures >= self._failure_rate * requests:
+        if opens(requests, failures, self._min_calls, self._min_failures, self._failure_rate):
             self._change(CircuitState.OPEN)
 
     def abandon(self, ticket: Ticket) -> None:

@@ -63,6 +63,7 @@ class RouteGuards:
         guards = self.tools[name] = ToolGuards(
             CircuitBreaker(
                 min_failures=tuning.circuit_failures,
+                min_calls=tuning.circuit_min_calls,
                 failure_rate=tuning.circuit_failure_rate,
                 window_s=tuning.circuit_window_ms / 1000,
                 open_s=tuning.circuit_open_ms / 1000,
