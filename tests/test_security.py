@@ -55,6 +55,47 @@ async def test_dot_segments_are_refused_before_any_route_is_chosen(make_tool, ma
     assert tool.seen == []
 
 
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET /weather/..#x HTTP/1.1\r\nHost: x\r\n",
+        b"GET /weather/%2e%2e# HTTP/1.1\r\nHost: x\r\n",
+        b"GET /weather/.%2E#frag HTTP/1.1\r\nHost: x\r\n",
+        b"GET /weather/now HTTP/1.1\r\n",  # HTTP/1.1 requires Host (RFC 9112 §3.2)
+    ],
+)
+async def test_a_fragment_or_a_missing_host_is_refused_and_reaches_no_tool(
+    make_tool, make_sidecar, request_head
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(
+        routes=[{"name": "weather", "prefix": "/weather", "upstream": tool.url + "v2/weather"}]
+    )
+
+    answer = await raw_exchange(
+        sidecar.client.port, request_head + b"Connection: close\r\n\r\n", until_closed=True
+    )
+
+    assert status_of(answer) == 400
+    assert b'"BAD_REQUEST"' in answer
+    assert tool.seen == []
+    # The same connection's next request is not read: a well-formed one still works.
+    healthy = await raw_exchange(
+        sidecar.client.port, b"GET /weather/now HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    assert status_of(healthy) == 200
+    assert len(tool.seen) == 1
+
+
+async def test_an_http10_request_needs_no_host(make_tool, make_sidecar):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    answer = await raw_exchange(sidecar.client.port, b"GET /x HTTP/1.0\r\n\r\n", until_closed=True)
+
+    assert status_of(answer) == 200
+
+
 async def test_names_with_dots_are_not_dot_segments(make_tool, make_sidecar):
     tool = await make_tool(ok)
     sidecar = await make_sidecar(tool)

@@ -21,7 +21,7 @@ from sidecar.retry.engine import Engine
 from sidecar.serve import answers
 from sidecar.serve.agentwire import AgentRequest, Reply
 from sidecar.serve.relay import relay
-from sidecar.serve.routing import RouteTable, Target, has_dot_segment
+from sidecar.serve.routing import RouteTable, Target, target_fault
 from sidecar.telemetry import Hooks
 from sidecar.telemetry.contract import UNMATCHED_ROUTE
 from sidecar.transport.connection import RequestBody
@@ -320,13 +320,16 @@ def _client_too_slow() -> answers.Refusal:
 def _check_head(request: AgentRequest, max_header_bytes: int) -> None:
     """Refuse a request that cannot go to any tool as it is.
 
-    A path with a ``.`` or ``..`` segment (also percent-encoded) could climb out of a
-    route's prefix or an upstream's base path; header bytes that are not UTF-8 could not
+    A target the tool could resolve out of its route (``routing.target_fault``), an
+    HTTP/1.1 request without ``Host`` (RFC 9112 §3.2); header bytes that are not UTF-8 could not
     be passed on as they came; a header section over the limit is refused as a whole,
     where aiohttp's own limits hold each line.
     """
-    if has_dot_segment(request.raw_path):
-        raise answers.Refusal(answers.BAD_REQUEST, "path has a '.' or '..' segment")
+    refused = target_fault(request.raw_path)
+    if refused is not None:
+        raise answers.Refusal(answers.BAD_REQUEST, refused)
+    if request.version == aiohttp.HttpVersion11 and "Host" not in request.headers:
+        raise answers.Refusal(answers.BAD_REQUEST, "an HTTP/1.1 request without Host")
     bad_header = undeliverable_header(request.headers)
     if bad_header is not None:
         raise answers.Refusal(answers.BAD_REQUEST, f"header {bad_header} is not valid UTF-8")
