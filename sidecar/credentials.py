@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from urllib.parse import unquote
 
 from yarl import URL
 
@@ -53,6 +54,19 @@ def mask_credentials(text: str, replace: Callable[[str], str] = _masked) -> str:
     text = URL_USERINFO.sub(lambda found: found[1] + replace(found[2][:-1]) + "@", text)
     text = QUERY_CREDENTIAL.sub(lambda found: found[1] + replace(found[2]), text)
     return HTTP_CREDENTIAL.sub(lambda found: found[1] + found[2] + replace(found[3]), text)
+
+
+def mask_path(text: str) -> str:
+    """``text`` (a path, a label, a log field) with each credential masked, also one spelled
+    in percent-escapes (``%3Ftoken%3D…``, ``%3Bkey%3D…``): as given when it holds none,
+    else decoded with its credentials masked. Every metric label, log field and page that
+    carries a path shows it through this one rule."""
+    masked = mask_credentials(text)
+    if "%" not in masked:
+        return masked
+    decoded = unquote(masked)
+    redone = mask_credentials(decoded)
+    return masked if redone == decoded else redone
 
 
 def mask_url(url: URL) -> str:

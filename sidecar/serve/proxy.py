@@ -13,6 +13,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from sidecar import ids
+from sidecar.credentials import mask_path
 from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.retry.attempt import Result
@@ -123,9 +124,9 @@ class Proxy:
         target = self._routes.match(request.raw_path)
         call = _Call(request.method, target.route.name if target else UNMATCHED_ROUTE)
         # Every line logged for this request carries these (the path without its query,
-        # which may hold credentials). Set and reset by token: structlog's
-        # ``bound_contextvars`` first copies the whole context to save it.
-        path = request.raw_path_without_query
+        # masked, as a query and a path may hold credentials). Set and reset by token:
+        # structlog's ``bound_contextvars`` first copies the whole context to save it.
+        path = mask_path(request.raw_path_without_query)
         if target is None:
             tokens = bind_contextvars(request_id=request_id, path=path)
         else:
