@@ -233,6 +233,8 @@ class Settings(Tuning, BaseSettings):
     # the admin port from the pod network.
     admin_host: str = "127.0.0.1"
     admin_port: Port = 9464
+    # Host names the admin port answers besides IP literals and ``localhost`` (DNS rebinding).
+    admin_allowed_hosts: Annotated[frozenset[str], NoDecode] = frozenset()
     upstream_url: AnyHttpUrl | None = None
     config_file: Path | None = None
     routes: list[RouteSpec] = Field(default_factory=list)
@@ -258,6 +260,15 @@ class Settings(Tuning, BaseSettings):
     state_url: SecretStr | None = None
     state_prefix: str = "sidecar:"
     state_timeout_ms: DurationMs = Field(25, gt=0)
+
+    @field_validator("admin_allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple | set | frozenset):
+            return [str(part).strip().lower() for part in value if str(part).strip()]
+        return value
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

@@ -21,6 +21,7 @@ from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
 from sidecar.retry.engine import Clock, Engine, Sleep
 from sidecar.retry.guards.fleet import StateStore
+from sidecar.serve.admin_host import admin_host_check
 from sidecar.serve.httpserver import ProxyServer
 from sidecar.serve.proxy import Proxy
 from sidecar.serve.routing import RouteTable
@@ -50,6 +51,7 @@ RECENT_CALLS = web.AppKey("recent_calls", RecentCalls)
 METRICS = web.AppKey("metrics", Metrics)
 HOOKS = web.AppKey("hooks", Hooks)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+ADMIN_HOSTS = web.AppKey("admin_hosts", frozenset[str])
 
 
 # How long an unread request body is drained after the answer went out (aiohttp: 10 s),
@@ -92,6 +94,7 @@ def create_app(
     app[METRICS] = metrics
     app[HOOKS] = hooks
     app[LIFECYCLE] = Lifecycle()
+    app[ADMIN_HOSTS] = settings.admin_allowed_hosts
     if recent is not None:
         app[RECENT_CALLS] = recent
 
@@ -249,7 +252,7 @@ def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
 
 def create_admin_app(proxy_app: web.Application) -> web.Application:
     """``/metrics``, ``/healthz``, ``/readyz`` and, unless ``SIDECAR_UI`` is off, the live
-    page ``/ui`` for the given proxy app."""
+    page ``/ui`` for the given proxy app, to the ``Host`` values ``admin_host`` allows."""
     metrics = proxy_app[METRICS]
     lifecycle = proxy_app[LIFECYCLE]
 
@@ -274,7 +277,7 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
             return web.json_response({"status": "starting"}, status=503)
         return web.json_response({"status": "ready"})
 
-    admin = web.Application()
+    admin = web.Application(middlewares=[admin_host_check(proxy_app[ADMIN_HOSTS])])
     admin.router.add_get("/metrics", metrics_text)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)
