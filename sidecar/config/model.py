@@ -242,6 +242,10 @@ class Settings(Tuning, BaseSettings):
     max_in_flight: Count = 2048
     client_timeout_ms: DurationMs = Field(60000, gt=0)
     max_request_bytes: Count = 1024 * 1024 * 1024
+    # Heads, bodies and answers held in memory, together: a quarter of the chart's 256 MiB
+    # limit, leaving the rest to the process (~56 MiB), the LLM client and the copies a
+    # held byte costs on its way through.
+    max_buffered_bytes: Count = 64 * 1024 * 1024
     # A request's or an answer's head: Envoy's default is 60 KiB, aiohttp's 8 KiB a line.
     max_header_bytes: Count = Field(64 * 1024, ge=1024)
     drain_timeout_ms: DurationMs = 20000

@@ -28,8 +28,10 @@ from sidecar.serve.routing import RouteTable
 from sidecar.serve.ui.page import live_view_routes
 from sidecar.telemetry import Hooks, build_hooks
 from sidecar.telemetry.logging_setup import http_server_logger
+from sidecar.telemetry.loop_lag import watch_loop_lag
 from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.telemetry.recent import RecentCalls
+from sidecar.transport.buffers import BufferBudget
 from sidecar.transport.exchange import create_pool
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ METRICS = web.AppKey("metrics", Metrics)
 HOOKS = web.AppKey("hooks", Hooks)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
 ADMIN_HOSTS = web.AppKey("admin_hosts", frozenset[str])
+BUFFERS = web.AppKey("buffers", BufferBudget)
 
 
 # How long an unread request body is drained after the answer went out (aiohttp: 10 s),
@@ -95,6 +98,8 @@ def create_app(
     app[HOOKS] = hooks
     app[LIFECYCLE] = Lifecycle()
     app[ADMIN_HOSTS] = settings.admin_allowed_hosts
+    buffers = app[BUFFERS] = BufferBudget(settings.max_buffered_bytes)
+    metrics.buffered_bytes.set_function(lambda: buffers.used)
     if recent is not None:
         app[RECENT_CALLS] = recent
 
@@ -102,6 +107,9 @@ def create_app(
         async with contextlib.AsyncExitStack() as held:
             # Spans still buffered go out last; exporting blocks, so off the event loop.
             held.push_async_callback(asyncio.to_thread, hooks.close)
+            held.push_async_callback(
+                _cancelled, asyncio.create_task(watch_loop_lag(metrics.loop_lag))
+            )
             app[ENGINE] = await _start_engine(held, settings, route_configs, hooks, sleep, clock)
             app[PROXY] = Proxy(
                 routes,
@@ -111,6 +119,7 @@ def create_app(
                 max_in_flight=settings.max_in_flight,
                 client_timeout_s=settings.client_timeout_ms / 1000,
                 max_header_bytes=settings.max_header_bytes,
+                buffers=buffers,
             )
             yield
 
@@ -181,7 +190,7 @@ async def _load_schemas(
     return schemas
 
 
-async def _cancelled(task: asyncio.Task[None]) -> None:
+async def _cancelled(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -223,6 +232,7 @@ def proxy_server(app: web.Application, settings: Settings) -> web.Server:
         max_field_size=settings.max_header_bytes + 1,
         lingering_s=LINGERING_S,
         logger=http_server_logger(),
+        buffers=app[BUFFERS],
     )
 
 
