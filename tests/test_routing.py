@@ -34,7 +34,16 @@ DOT = "path has a '.' or '..' segment"
         ("/weather/.%2e%2fadmin", DOT),
         ("/weather/..?q=1", DOT),
         ("/weather/now?next=/../x", None),  # the query is the tool's to read
-        ("/weather/..%5cadmin", None),  # not a segment: passed on byte for byte
+        # Delimited by what some servers read as a separator: still a dot segment.
+        ("/weather/..%5cadmin", DOT),
+        ("/weather/..\\admin", DOT),
+        ("/weather/a\\..", DOT),
+        ("/weather/..;/admin", DOT),
+        ("/weather/%2e%2e;x=1/admin", DOT),
+        # Elsewhere these bytes are the tool's to read: passed on as sent.
+        ("/weather/a\\b%5cc", None),
+        ("/weather/x;jsessionid=1", None),
+        ("/weather/..a;b", None),
         ("/weather/v1.2/...", None),
         ("/weather/now;a=..", None),
     ],

@@ -88,6 +88,25 @@ async def test_a_fragment_or_a_missing_host_is_refused_and_reaches_no_tool(
     assert len(tool.seen) == 1
 
 
+async def test_backslashes_escapes_and_path_parameters_reach_the_tool_as_sent(
+    make_tool, make_sidecar
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(
+        routes=[{"name": "weather", "prefix": "/weather", "upstream": tool.url + "v2/weather"}]
+    )
+    target = "/weather/a\\b%5cc;v=1/%2F%41?q=%5c"
+
+    answer = await raw_exchange(
+        sidecar.client.port,
+        f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode(),
+        until_closed=True,
+    )
+
+    assert status_of(answer) == 200
+    assert [seen.raw_path for seen in tool.seen] == ["/v2/weather" + target]
+
+
 async def test_an_http10_request_needs_no_host(make_tool, make_sidecar):
     tool = await make_tool(ok)
     sidecar = await make_sidecar(tool)

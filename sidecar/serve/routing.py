@@ -11,8 +11,10 @@ from yarl import URL
 from sidecar.config import RouteConfig
 
 # A "." or ".." path segment, also percent-encoded: resolved by the tool, it could climb out
-# of the route's prefix or the upstream's base path.
-_DOT_SEGMENT = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)", re.IGNORECASE)
+# of the route's prefix or the upstream's base path. Delimited by what some servers take for
+# a separator too: a backslash or ``%5c`` (IIS, Node's WHATWG URL), a ``;`` that starts
+# path parameters (Tomcat and Jetty read ``/..;/`` as ``/../``).
+_DOT_SEGMENT = re.compile(r"(?:^|/|\\|%5c)(?:\.|%2e){1,2}(?:/|\\|%5c|;|$)", re.IGNORECASE)
 
 
 def target_fault(raw_target: str) -> str | None:
