@@ -111,20 +111,26 @@ def create_app(
                 _cancelled, asyncio.create_task(watch_loop_lag(metrics.loop_lag))
             )
             app[ENGINE] = await _start_engine(held, settings, route_configs, hooks, sleep, clock)
-            app[PROXY] = Proxy(
-                routes,
-                app[ENGINE],
-                hooks,
-                max_request_bytes=settings.max_request_bytes,
-                max_in_flight=settings.max_in_flight,
-                client_timeout_s=settings.client_timeout_ms / 1000,
-                max_header_bytes=settings.max_header_bytes,
-                buffers=buffers,
-            )
+            app[PROXY] = _proxy(settings, routes, app[ENGINE], hooks, buffers)
             yield
 
     app.cleanup_ctx.append(upstream_session)
     return app
+
+
+def _proxy(
+    settings: Settings, routes: RouteTable, engine: Engine, hooks: Hooks, buffers: BufferBudget
+) -> Proxy:
+    return Proxy(
+        routes,
+        engine,
+        hooks,
+        max_request_bytes=settings.max_request_bytes,
+        max_in_flight=settings.max_in_flight,
+        client_timeout_s=settings.client_timeout_ms / 1000,
+        max_header_bytes=settings.max_header_bytes,
+        buffers=buffers,
+    )
 
 
 async def _start_engine(

@@ -122,10 +122,13 @@ class AgentConnection(Connection):
         self._transport = None
         self._server.agents.discard(self)
         self._release_head()
+        # Freed now, with the budget, not when the collector breaks the parser's cycle.
+        self._parser = httptools.HttpRequestParser(self)
+        self._headers, self._url = [], bytearray()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         if self._current is not None:
-            self._current.content.set_exception(ConnectionResetError("Connection lost"))
+            self._current.content.abandon(ConnectionResetError("Connection lost"))
         self.writer_lost()
         # The agent is gone: nothing it asked for continues on its behalf.
         if self._task is not None and not self._task.done():
