@@ -24,7 +24,7 @@ from sidecar.serve.relay import relay
 from sidecar.serve.routing import RouteTable, Target, target_fault
 from sidecar.telemetry import Hooks
 from sidecar.telemetry.contract import UNMATCHED_ROUTE
-from sidecar.transport.buffers import BufferBudget, request_ledger
+from sidecar.transport.buffers import BufferBudget, Ledger
 from sidecar.transport.connection import RequestBody
 from sidecar.transport.exchange import UpstreamRequest
 from sidecar.transport.headers import undeliverable_header, upstream_request_headers
@@ -155,7 +155,7 @@ class Proxy:
         self._waiting_for_tool.add(task)
         self._all_done.clear()
         try:
-            with request_ledger(self._buffers):
+            with Ledger(self._buffers):
                 return await self._forward(request, target, request_id, call, task)
         except asyncio.CancelledError:
             if not (self._draining and task in self._waiting_for_tool):

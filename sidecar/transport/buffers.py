@@ -14,9 +14,7 @@ whole back in one ``finally`` however the request ends.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 
 class BufferBudget:
@@ -40,13 +38,24 @@ class BufferBudget:
 
 
 class Ledger:
-    """What one request holds of the budget."""
+    """What one request holds of the budget; ``with Ledger(budget):`` around the request
+    makes it the one ``hold`` charges, and gives it all back at the end."""
 
-    __slots__ = ("_budget", "held")
+    __slots__ = ("_budget", "_token", "held")
 
     def __init__(self, budget: BufferBudget) -> None:
         self._budget = budget
+        self._token: Token[Ledger | None] | None = None
         self.held = 0
+
+    def __enter__(self) -> Ledger:
+        self._token = _current.set(self)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._token is not None:
+            _current.reset(self._token)
+        self.close()
 
     def take(self, size: int) -> bool:
         if not self._budget.take(size):
@@ -60,18 +69,6 @@ class Ledger:
 
 
 _current: ContextVar[Ledger | None] = ContextVar("buffer_ledger", default=None)
-
-
-@contextlib.contextmanager
-def request_ledger(budget: BufferBudget) -> Iterator[Ledger]:
-    """A ledger for the request this task handles, closed when it ends."""
-    ledger = Ledger(budget)
-    token = _current.set(ledger)
-    try:
-        yield ledger
-    finally:
-        _current.reset(token)
-        ledger.close()
 
 
 def hold(size: int) -> bool:
