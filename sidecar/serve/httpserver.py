@@ -11,8 +11,7 @@ head, on a new connection and between requests; keep-alive and pipelining, answe
 order; a body streamed with backpressure; a handler cancelled when its agent goes away;
 a short linger for an unread body; and the drain of ``web.Server``'s runner.
 
-Every answer it makes itself carries the envelope and the ``X-Sidecar-*`` report, and
-none echoes the request.
+Every answer of its own carries the envelope and the ``X-Sidecar-*`` report, never the request.
 """
 
 from __future__ import annotations
@@ -184,7 +183,8 @@ class AgentConnection(Connection):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._release_head()
+        if self._head_held:  # a head that came in one read was never charged
+            self._release_head()
         self._idle_deadline = None
         parser = self._parser
         version = parser.get_http_version()
