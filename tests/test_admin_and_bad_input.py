@@ -8,12 +8,59 @@ import logging
 import pytest
 from aiohttp import web
 
+from sidecar.serve.admin_host import admin_host_allowed
 from sidecar.serve.app import create_admin_app
 from tests.rawhttp import raw_exchange
 
 
 async def ok(request: web.Request) -> web.Response:
     return web.json_response({"success": True, "seen": dict(request.headers)})
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed"),
+    [
+        ("127.0.0.1:9464", True),  # a scrape or a probe by the pod's IP
+        ("10.42.0.17", True),
+        ("[::1]:9464", True),
+        ("[fe80::1]", True),
+        ("localhost", True),
+        ("LOCALHOST:9464", True),
+        ("sidecar-admin.monitoring.svc:9464", True),  # named in the setting
+        ("attacker.example", False),  # DNS rebinding: a page's own name
+        ("attacker.example:9464", False),
+        ("127.0.0.1.attacker.example", False),
+        ("localhost.attacker.example", False),
+        ("::1", False),  # a v6 literal in Host needs its brackets
+        ("[::1]x", False),
+        ("[::1", False),
+        ("127.0.0.1:x", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_the_admin_port_answers_ip_literals_localhost_and_named_hosts(host, allowed):
+    assert admin_host_allowed(host, frozenset({"sidecar-admin.monitoring.svc"})) is allowed
+
+
+async def test_an_admin_request_for_another_host_gets_421_and_no_state(
+    make_tool, make_sidecar, aiohttp_client
+):
+    sidecar = await make_sidecar(
+        await make_tool(ok), admin_allowed_hosts="Metrics.Internal, other.internal"
+    )
+    admin = await aiohttp_client(create_admin_app(sidecar.app))
+    await (await sidecar.client.get("/a")).read()
+
+    for path in ("/metrics", "/ui/state.json", "/healthz", "/ui"):
+        refused = await admin.get(path, headers={"Host": "attacker.example"})
+        assert refused.status == 421
+        assert await refused.read() == b""
+    named = await admin.get("/metrics", headers={"Host": "metrics.internal:9464"})
+    assert named.status == 200
+    assert "sidecar_requests_total" in await named.text()
+    by_address = await admin.get("/ui/state.json")  # the test client's Host: 127.0.0.1:port
+    assert by_address.status == 200
 
 
 async def test_metrics_and_health_endpoints(make_tool, make_sidecar, aiohttp_client):

@@ -74,7 +74,7 @@ def code_default(field: FieldInfo) -> Any:
     if field.is_required():
         return "required"
     default = field.get_default(call_default_factory=True)
-    if default is None or default == []:
+    if default is None or default == [] or default == frozenset():
         return "none"
     if isinstance(default, bool | str | frozenset):
         return default

@@ -16,7 +16,7 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from sidecar.credentials import mask_credentials
+from sidecar.credentials import mask_credentials, mask_path
 from sidecar.telemetry import build_hooks
 from sidecar.telemetry.logs import CIRCUIT_REFUSALS_INTERVAL_S
 from sidecar.telemetry.metric_definitions import Metrics
@@ -59,6 +59,24 @@ from tests.processes import clean_env, sidecar_process
 )
 def test_credentials_in_text_are_masked(text: str, masked: str):
     assert mask_credentials(text) == masked
+
+
+@pytest.mark.parametrize(
+    ("path", "shown"),
+    [
+        ("/weather/current", "/weather/current"),
+        ("/weather/caf%C3%A9/x%2Fy", "/weather/caf%C3%A9/x%2Fy"),  # no credential: as sent
+        ("/weather/x;access_token=s1", "/weather/x;access_token=***"),
+        ("/weather/key=s2", "/weather/key=***"),
+        ("/weather/x%3Ftoken%3Ds3", "/weather/x?token=***"),
+        ("/weather/a%3Bsessionid%3Ds4/b", "/weather/a;sessionid=***"),  # to the value's end
+        ("/weather/https%3A%2F%2Fuser:s5@host/x", "/weather/https://***@host/x"),
+        ("/weather/https://user:s6@host/x", "/weather/https://***@host/x"),
+        ("/weather/x%20Bearer%20abcdef123", "/weather/x Bearer ***"),
+    ],
+)
+def test_a_path_is_shown_as_sent_or_decoded_with_its_credentials_masked(path: str, shown: str):
+    assert mask_path(path) == shown
 
 
 LOG_SCRIPT = """

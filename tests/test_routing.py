@@ -3,14 +3,53 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 from aiohttp import web
 
 from sidecar.config import load_settings, resolve_routes
-from sidecar.serve.routing import RouteTable
+from sidecar.serve.routing import RouteTable, target_fault
 
 
 def table(*routes: dict) -> RouteTable:
     return RouteTable(resolve_routes(load_settings(routes=list(routes))))
+
+
+FRAGMENT = "the request-target holds a '#'"
+DOT = "path has a '.' or '..' segment"
+
+
+@pytest.mark.parametrize(
+    ("target", "fault"),
+    [
+        # A fragment is not part of a request-target: URL libraries drop it, and what is
+        # left may be a dot segment the check below never saw as one.
+        ("/weather/..#x", FRAGMENT),
+        ("/weather/%2e%2e#", FRAGMENT),
+        ("/weather/.%2E#frag", FRAGMENT),
+        ("/weather/now#", FRAGMENT),
+        ("/weather/now?city=x#y", FRAGMENT),
+        ("/weather/%23", None),  # an encoded '#' is a path byte, passed on as sent
+        ("/weather/..", DOT),
+        ("/weather/%2e%2E/x", DOT),
+        ("/weather/.%2e%2fadmin", DOT),
+        ("/weather/..?q=1", DOT),
+        ("/weather/now?next=/../x", None),  # the query is the tool's to read
+        # Delimited by what some servers read as a separator: still a dot segment.
+        ("/weather/..%5cadmin", DOT),
+        ("/weather/..\\admin", DOT),
+        ("/weather/a\\..", DOT),
+        ("/weather/..;/admin", DOT),
+        ("/weather/%2e%2e;x=1/admin", DOT),
+        # Elsewhere these bytes are the tool's to read: passed on as sent.
+        ("/weather/a\\b%5cc", None),
+        ("/weather/x;jsessionid=1", None),
+        ("/weather/..a;b", None),
+        ("/weather/v1.2/...", None),
+        ("/weather/now;a=..", None),
+    ],
+)
+def test_targets_that_could_leave_their_route_are_refused_as_received(target, fault):
+    assert target_fault(target) == fault
 
 
 def test_longest_prefix_wins_and_only_on_segment_boundaries():

@@ -16,6 +16,7 @@ from prometheus_client import generate_latest
 from structlog.testing import capture_logs
 
 from sidecar.config import TUNING_FIELDS, ConfigError, Settings, load_settings
+from sidecar.serve.app import create_admin_app
 from tests.rawhttp import raw_exchange
 
 pytestmark = pytest.mark.security
@@ -53,6 +54,66 @@ async def test_dot_segments_are_refused_before_any_route_is_chosen(make_tool, ma
 
     assert status_of(answer) == 400
     assert tool.seen == []
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET /weather/..#x HTTP/1.1\r\nHost: x\r\n",
+        b"GET /weather/%2e%2e# HTTP/1.1\r\nHost: x\r\n",
+        b"GET /weather/.%2E#frag HTTP/1.1\r\nHost: x\r\n",
+        b"GET /weather/now HTTP/1.1\r\n",  # HTTP/1.1 requires Host (RFC 9112 §3.2)
+    ],
+)
+async def test_a_fragment_or_a_missing_host_is_refused_and_reaches_no_tool(
+    make_tool, make_sidecar, request_head
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(
+        routes=[{"name": "weather", "prefix": "/weather", "upstream": tool.url + "v2/weather"}]
+    )
+
+    answer = await raw_exchange(
+        sidecar.client.port, request_head + b"Connection: close\r\n\r\n", until_closed=True
+    )
+
+    assert status_of(answer) == 400
+    assert b'"BAD_REQUEST"' in answer
+    assert tool.seen == []
+    # The same connection's next request is not read: a well-formed one still works.
+    healthy = await raw_exchange(
+        sidecar.client.port, b"GET /weather/now HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    assert status_of(healthy) == 200
+    assert len(tool.seen) == 1
+
+
+async def test_backslashes_escapes_and_path_parameters_reach_the_tool_as_sent(
+    make_tool, make_sidecar
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(
+        routes=[{"name": "weather", "prefix": "/weather", "upstream": tool.url + "v2/weather"}]
+    )
+    target = "/weather/a\\b%5cc;v=1/%2F%41?q=%5c"
+
+    answer = await raw_exchange(
+        sidecar.client.port,
+        f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode(),
+        until_closed=True,
+    )
+
+    assert status_of(answer) == 200
+    assert [seen.raw_path for seen in tool.seen] == ["/v2/weather" + target]
+
+
+async def test_an_http10_request_needs_no_host(make_tool, make_sidecar):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool)
+
+    answer = await raw_exchange(sidecar.client.port, b"GET /x HTTP/1.0\r\n\r\n", until_closed=True)
+
+    assert status_of(answer) == 200
 
 
 async def test_names_with_dots_are_not_dot_segments(make_tool, make_sidecar):
@@ -205,6 +266,44 @@ async def test_secrets_never_reach_logs_metrics_or_prompts(make_tool, make_sidec
     for secret in SECRETS:
         assert secret not in exposed, secret
     assert json.loads(tool.seen[-1].body)["api_key"] == "sk-live-SECRET-1"
+
+
+# Credentials an agent may put in a path: each form, with its own marker.
+PATH_CREDENTIALS = {
+    "PATHSECRET-1": "/weather/x;access_token=PATHSECRET-1",
+    "PATHSECRET-2": "/weather/x%3Ftoken%3DPATHSECRET-2",
+    "PATHSECRET-3": "/weather/key=PATHSECRET-3",
+    "PATHSECRET-4": "/weather/https%3A%2F%2Fuser:PATHSECRET-4@host/x",
+    "PATHSECRET-5": "/weather/a%3Bsessionid%3DPATHSECRET-5",
+}
+
+
+async def test_credentials_in_a_path_reach_no_label_log_or_page(
+    make_tool, make_sidecar, aiohttp_client
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(
+        routes=[{"name": "weather", "prefix": "/weather", "upstream": tool.url}],
+        access_log=True,
+    )
+    admin = await aiohttp_client(create_admin_app(sidecar.app))
+
+    with capture_logs() as logs:
+        for target in PATH_CREDENTIALS.values():
+            answer = await raw_exchange(
+                sidecar.client.port,
+                f"GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode(),
+            )
+            assert status_of(answer) == 200
+    metrics = await (await admin.get("/metrics")).text()
+    page = await (await admin.get("/ui/state.json")).text()
+
+    assert len(tool.seen) == len(PATH_CREDENTIALS)  # the tool still got each as sent
+    assert 'sidecar_circuit_state{route="weather",tool="/weather/x;access_token=***"}' in metrics
+    exposed = {"metrics": metrics, "page": page, "logs": json.dumps(logs, default=str)}
+    for secret in PATH_CREDENTIALS:
+        for where, text in exposed.items():
+            assert secret not in text, (secret, where)
 
 
 async def test_metric_labels_stay_route_names_whatever_the_paths(make_tool, make_sidecar):

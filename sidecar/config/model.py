@@ -243,6 +243,8 @@ class Settings(Tuning, BaseSettings):
     # the admin port from the pod network.
     admin_host: str = "127.0.0.1"
     admin_port: Port = 9464
+    # Host names the admin port answers besides IP literals and ``localhost`` (DNS rebinding).
+    admin_allowed_hosts: Annotated[frozenset[str], NoDecode] = frozenset()
     upstream_url: AnyHttpUrl | None = None
     config_file: Path | None = None
     routes: list[RouteSpec] = Field(default_factory=list)
@@ -250,6 +252,10 @@ class Settings(Tuning, BaseSettings):
     max_in_flight: Count = 2048
     client_timeout_ms: DurationMs = Field(60000, gt=0)
     max_request_bytes: Count = 1024 * 1024 * 1024
+    # Heads, bodies and answers held in memory, together: a quarter of the chart's 256 MiB
+    # limit, leaving the rest to the process (~56 MiB), the LLM client and the copies a
+    # held byte costs on its way through.
+    max_buffered_bytes: Count = 64 * 1024 * 1024
     # A request's or an answer's head: Envoy's default is 60 KiB, aiohttp's 8 KiB a line.
     max_header_bytes: Count = Field(64 * 1024, ge=1024)
     drain_timeout_ms: DurationMs = 20000
@@ -268,6 +274,15 @@ class Settings(Tuning, BaseSettings):
     state_url: SecretStr | None = None
     state_prefix: str = "sidecar:"
     state_timeout_ms: DurationMs = Field(25, gt=0)
+
+    @field_validator("admin_allowed_hosts", mode="before")
+    @classmethod
+    def _split_hosts(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple | set | frozenset):
+            return [str(part).strip().lower() for part in value if str(part).strip()]
+        return value
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod

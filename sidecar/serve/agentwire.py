@@ -78,6 +78,12 @@ class AgentBody:
         self._error = error
         self._wake()
 
+    def abandon(self, error: BaseException) -> None:
+        """The connection is gone: what is buffered will never be read."""
+        self._chunks.clear()
+        self._buffered = 0
+        self.set_exception(error)
+
     def is_eof(self) -> bool:
         return self._eof and not self._chunks
 

@@ -141,6 +141,27 @@ def overloaded_response(limit: int, headers: Mapping[str, str]) -> Reply:
     )
 
 
+def head_too_large(error: SidecarError) -> Refusal:
+    """The refusal of a request line (``URI_TOO_LONG``) or header line over its limit."""
+    if error is URI_TOO_LONG:
+        return Refusal(error, "the request line is too long")
+    return Refusal(error, "a header line of the request is too long")
+
+
+def buffers_full() -> Refusal:
+    """The refusal past ``SIDECAR_MAX_BUFFERED_BYTES``: a head or a body the sidecar has no
+    room to hold."""
+    return Refusal(SIDECAR_OVERLOADED, "the sidecar holds as many bytes in memory as it may")
+
+
+def refusal_report(error: SidecarError) -> dict[str, str]:
+    """``own_report``, with ``Retry-After`` when the refusal is the sidecar's saturation."""
+    report = own_report(error)
+    if error is SIDECAR_OVERLOADED:
+        report["Retry-After"] = OVERLOADED_RETRY_AFTER_S
+    return report
+
+
 def shutdown_response(headers: Mapping[str, str]) -> Reply:
     """The answer to a request still waiting for the tool when the drain time ran out."""
     response = error_response(

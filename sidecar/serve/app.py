@@ -21,14 +21,17 @@ from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
 from sidecar.retry.engine import Clock, Engine, Sleep
 from sidecar.retry.guards.fleet import StateStore
+from sidecar.serve.admin_host import admin_host_check
 from sidecar.serve.httpserver import ProxyServer
 from sidecar.serve.proxy import Proxy
 from sidecar.serve.routing import RouteTable
 from sidecar.serve.ui.page import live_view_routes
 from sidecar.telemetry import Hooks, build_hooks
 from sidecar.telemetry.logging_setup import http_server_logger
+from sidecar.telemetry.loop_lag import watch_loop_lag
 from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.telemetry.recent import RecentCalls
+from sidecar.transport.buffers import BufferBudget
 from sidecar.transport.exchange import create_pool
 
 if TYPE_CHECKING:
@@ -50,6 +53,8 @@ RECENT_CALLS = web.AppKey("recent_calls", RecentCalls)
 METRICS = web.AppKey("metrics", Metrics)
 HOOKS = web.AppKey("hooks", Hooks)
 LIFECYCLE = web.AppKey("lifecycle", Lifecycle)
+ADMIN_HOSTS = web.AppKey("admin_hosts", frozenset[str])
+BUFFERS = web.AppKey("buffers", BufferBudget)
 
 
 # How long an unread request body is drained after the answer went out (aiohttp: 10 s),
@@ -92,6 +97,9 @@ def create_app(
     app[METRICS] = metrics
     app[HOOKS] = hooks
     app[LIFECYCLE] = Lifecycle()
+    app[ADMIN_HOSTS] = settings.admin_allowed_hosts
+    buffers = app[BUFFERS] = BufferBudget(settings.max_buffered_bytes)
+    metrics.buffered_bytes.set_function(lambda: buffers.used)
     if recent is not None:
         app[RECENT_CALLS] = recent
 
@@ -99,20 +107,30 @@ def create_app(
         async with contextlib.AsyncExitStack() as held:
             # Spans still buffered go out last; exporting blocks, so off the event loop.
             held.push_async_callback(asyncio.to_thread, hooks.close)
-            app[ENGINE] = await _start_engine(held, settings, route_configs, hooks, sleep, clock)
-            app[PROXY] = Proxy(
-                routes,
-                app[ENGINE],
-                hooks,
-                max_request_bytes=settings.max_request_bytes,
-                max_in_flight=settings.max_in_flight,
-                client_timeout_s=settings.client_timeout_ms / 1000,
-                max_header_bytes=settings.max_header_bytes,
+            held.push_async_callback(
+                _cancelled, asyncio.create_task(watch_loop_lag(metrics.loop_lag))
             )
+            app[ENGINE] = await _start_engine(held, settings, route_configs, hooks, sleep, clock)
+            app[PROXY] = _proxy(settings, routes, app[ENGINE], hooks, buffers)
             yield
 
     app.cleanup_ctx.append(upstream_session)
     return app
+
+
+def _proxy(
+    settings: Settings, routes: RouteTable, engine: Engine, hooks: Hooks, buffers: BufferBudget
+) -> Proxy:
+    return Proxy(
+        routes,
+        engine,
+        hooks,
+        max_request_bytes=settings.max_request_bytes,
+        max_in_flight=settings.max_in_flight,
+        client_timeout_s=settings.client_timeout_ms / 1000,
+        max_header_bytes=settings.max_header_bytes,
+        buffers=buffers,
+    )
 
 
 async def _start_engine(
@@ -178,7 +196,7 @@ async def _load_schemas(
     return schemas
 
 
-async def _cancelled(task: asyncio.Task[None]) -> None:
+async def _cancelled(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
@@ -220,6 +238,7 @@ def proxy_server(app: web.Application, settings: Settings) -> web.Server:
         max_field_size=settings.max_header_bytes + 1,
         lingering_s=LINGERING_S,
         logger=http_server_logger(),
+        buffers=app[BUFFERS],
     )
 
 
@@ -249,7 +268,7 @@ def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
 
 def create_admin_app(proxy_app: web.Application) -> web.Application:
     """``/metrics``, ``/healthz``, ``/readyz`` and, unless ``SIDECAR_UI`` is off, the live
-    page ``/ui`` for the given proxy app."""
+    page ``/ui`` for the given proxy app, to the ``Host`` values ``admin_host`` allows."""
     metrics = proxy_app[METRICS]
     lifecycle = proxy_app[LIFECYCLE]
 
@@ -274,7 +293,7 @@ def create_admin_app(proxy_app: web.Application) -> web.Application:
             return web.json_response({"status": "starting"}, status=503)
         return web.json_response({"status": "ready"})
 
-    admin = web.Application()
+    admin = web.Application(middlewares=[admin_host_check(proxy_app[ADMIN_HOSTS])])
     admin.router.add_get("/metrics", metrics_text)
     admin.router.add_get("/healthz", healthz)
     admin.router.add_get("/readyz", readyz)

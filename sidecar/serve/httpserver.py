@@ -11,8 +11,7 @@ head, on a new connection and between requests; keep-alive and pipelining, answe
 order; a body streamed with backpressure; a handler cancelled when its agent goes away;
 a short linger for an unread body; and the drain of ``web.Server``'s runner.
 
-Every answer it makes itself carries the envelope and the ``X-Sidecar-*`` report, and
-none echoes the request.
+Every answer of its own carries the envelope and the ``X-Sidecar-*`` report, never the request.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from sidecar.serve.agentwire import (
     Reply,
     answer_head,
 )
+from sidecar.transport.buffers import BufferBudget
 
 ProxyHandler = Callable[[AgentRequest], Awaitable[Reply]]
 # Pipelined requests parsed ahead of the one being answered before reading pauses.
@@ -58,6 +58,7 @@ class ProxyServer(web.Server):
         max_field_size: int,
         lingering_s: float,
         logger: logging.Logger,
+        buffers: BufferBudget,
     ) -> None:
         super().__init__(handler)  # type: ignore[arg-type]  # the handler takes our request
         self.proxy_handler = handler
@@ -66,6 +67,7 @@ class ProxyServer(web.Server):
         self.max_field_size = max_field_size
         self.lingering_s = lingering_s
         self.logger = logger
+        self.buffers = buffers
         self.agents: set[AgentConnection] = set()
 
     def __call__(self) -> AgentConnection:  # type: ignore[override]  # not aiohttp's protocol
@@ -96,6 +98,7 @@ class AgentConnection(Connection):
         self._headers: list[tuple[bytes, bytes]] = []
         self._in_head = False
         self._head_bytes = 0
+        self._head_held = 0  # of the buffer budget: a head arriving in more than one read
         self._refusal: answers.Refusal | None = None
         self._closing = False  # no request after those pending
         self._task: asyncio.Task[None] | None = None
@@ -117,10 +120,14 @@ class AgentConnection(Connection):
     def connection_lost(self, exc: BaseException | None) -> None:
         self._transport = None
         self._server.agents.discard(self)
+        self._release_head()
+        # Freed now, with the budget, not when the collector breaks the parser's cycle.
+        self._parser = httptools.HttpRequestParser(self)
+        self._headers, self._url = [], bytearray()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         if self._current is not None:
-            self._current.content.set_exception(ConnectionResetError("Connection lost"))
+            self._current.content.abandon(ConnectionResetError("Connection lost"))
         self.writer_lost()
         # The agent is gone: nothing it asked for continues on its behalf.
         if self._task is not None and not self._task.done():
@@ -147,6 +154,11 @@ class AgentConnection(Connection):
                         "the request's head is larger than the sidecar accepts",
                     )
                     self._refuse_head()
+                elif not self._server.buffers.take(len(data)):
+                    self._refusal = answers.buffers_full()
+                    self._refuse_head()
+                else:
+                    self._head_held += len(data)
         self._release()
 
     # -- the parser's callbacks ------------------------------------------------------
@@ -160,17 +172,19 @@ class AgentConnection(Connection):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > self._server.max_line_size:
-            self._refusal = _too_large(answers.URI_TOO_LONG)
+            self._refusal = answers.head_too_large(answers.URI_TOO_LONG)
             raise _RefusedHead
 
     def on_header(self, name: bytes, value: bytes) -> None:
         if len(name) + len(value) + 2 > self._server.max_field_size:
-            self._refusal = _too_large(answers.HEADERS_TOO_LARGE)
+            self._refusal = answers.head_too_large(answers.HEADERS_TOO_LARGE)
             raise _RefusedHead
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self._head_held:  # a head that came in one read was never charged
+            self._release_head()
         self._idle_deadline = None
         parser = self._parser
         version = parser.get_http_version()
@@ -197,12 +211,17 @@ class AgentConnection(Connection):
 
     # -- what was parsed -------------------------------------------------------------
 
+    def _release_head(self) -> None:
+        """The head's bytes leave the budget: parsed, or their connection gone."""
+        self._server.buffers.give(self._head_held)
+        self._head_held = 0
+
     def _head_limit(self) -> int:
         """Head bytes that no head within the limits reaches: reading stops there."""
         return 2 * (self._server.max_line_size + self._server.max_field_size)
 
     def _refuse_head(self) -> None:
-        refusal = self._refusal or _too_large(answers.HEADERS_TOO_LARGE)
+        refusal = self._refusal or answers.head_too_large(answers.HEADERS_TOO_LARGE)
         self._malformed(refusal.message, refusal)
 
     def _malformed(self, reason: str, refusal: answers.Refusal | None = None) -> None:
@@ -375,13 +394,7 @@ class AgentConnection(Connection):
             self._transport.close()
 
 
-def _too_large(error: answers.SidecarError) -> answers.Refusal:
-    if error is answers.URI_TOO_LONG:
-        return answers.Refusal(error, "the request line is too long")
-    return answers.Refusal(error, "a header line of the request is too long")
-
-
 def _refused(refusal: answers.Refusal) -> Reply:
-    reply = refusal.response(answers.own_report(refusal.error))
+    reply = refusal.response(answers.refusal_report(refusal.error))
     reply.force_close()
     return reply

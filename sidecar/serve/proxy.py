@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
 import structlog
-from aiohttp.http_exceptions import HttpProcessingError
 from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from sidecar import ids
+from sidecar.credentials import mask_path
 from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.retry.attempt import Result
@@ -21,12 +20,14 @@ from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
 from sidecar.serve import answers
 from sidecar.serve.agentwire import AgentRequest, Reply
+from sidecar.serve.intake import BodyIntake, StreamedBody, client_too_slow
 from sidecar.serve.relay import relay
-from sidecar.serve.routing import RouteTable, Target, has_dot_segment
+from sidecar.serve.routing import RouteTable, Target, target_fault
 from sidecar.telemetry import Hooks
 from sidecar.telemetry.contract import UNMATCHED_ROUTE
+from sidecar.transport.buffers import BufferBudget, Ledger
 from sidecar.transport.connection import RequestBody
-from sidecar.transport.exchange import UpstreamRequest, read_deadline
+from sidecar.transport.exchange import UpstreamRequest
 from sidecar.transport.headers import undeliverable_header, upstream_request_headers
 
 _log = structlog.get_logger("sidecar")
@@ -48,36 +49,6 @@ class _Call:
         return 0.0 if self.started is None else time.monotonic() - self.started
 
 
-@dataclass(slots=True)
-class _StreamedBody:
-    """A request body too large to buffer, passed on as it arrives (never replayed)."""
-
-    head: bytes
-    request: AgentRequest
-    hard_limit: int
-    idle_timeout_s: float
-    exceeded: bool = False
-    stalled: bool = False
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        sent = len(self.head)
-        yield self.head
-        while True:
-            try:
-                async with asyncio.timeout(self.idle_timeout_s):
-                    chunk = await self.request.content.readany()
-            except TimeoutError:
-                self.stalled = True
-                raise _client_too_slow() from None
-            if not chunk:
-                return
-            sent += len(chunk)
-            if self.hard_limit and sent > self.hard_limit:
-                self.exceeded = True
-                raise answers.RequestTooLarge
-            yield chunk
-
-
 class Proxy:
     """Forwards every method and path to the route's upstream, through the retry engine.
 
@@ -95,15 +66,17 @@ class Proxy:
         max_in_flight: int,
         client_timeout_s: float,
         max_header_bytes: int,
+        buffers: BufferBudget,
     ) -> None:
         self._routes = routes
         self._engine = engine
         self._hooks = hooks
-        self._max_request_bytes = max_request_bytes
+        self._intake = BodyIntake(max_request_bytes, client_timeout_s)
         self._max_in_flight = max_in_flight
-        self._client_timeout_s = client_timeout_s
         self._max_header_bytes = max_header_bytes
+        self._buffers = buffers
         self._running: set[asyncio.Task[object]] = set()
+        self._sending = 0  # requests past their body, counted against ``max_in_flight``
         self._waiting_for_tool: set[asyncio.Task[object]] = set()
         self._all_done = asyncio.Event()
         self._all_done.set()
@@ -127,9 +100,9 @@ class Proxy:
         target = self._routes.match(request.raw_path)
         call = _Call(request.method, target.route.name if target else UNMATCHED_ROUTE)
         # Every line logged for this request carries these (the path without its query,
-        # which may hold credentials). Set and reset by token: structlog's
-        # ``bound_contextvars`` first copies the whole context to save it.
-        path = request.raw_path_without_query
+        # masked, as a query and a path may hold credentials). Set and reset by token:
+        # structlog's ``bound_contextvars`` first copies the whole context to save it.
+        path = mask_path(request.raw_path_without_query)
         if target is None:
             tokens = bind_contextvars(request_id=request_id, path=path)
         else:
@@ -182,20 +155,15 @@ class Proxy:
     async def _admit(
         self, request: AgentRequest, target: Target, request_id: str, call: _Call
     ) -> Reply:
-        """Forward the request if there is room for it, keeping the books the drain needs."""
-        if self._max_in_flight and len(self._running) >= self._max_in_flight:
-            self._hooks.sidecar_overloaded(call.route, "max_in_flight")
-            call.outcome, call.status = Outcome.OVERLOADED, 503
-            return answers.overloaded_response(
-                self._max_in_flight, answers.own_report(answers.SIDECAR_OVERLOADED)
-            )
+        """Forward the request, keeping the books the drain needs."""
         task = asyncio.current_task()
         assert task is not None
         self._running.add(task)
         self._waiting_for_tool.add(task)
         self._all_done.clear()
         try:
-            return await self._forward(request, target, request_id, call, task)
+            with Ledger(self._buffers):
+                return await self._forward(request, target, request_id, call, task)
         except asyncio.CancelledError:
             if not (self._draining and task in self._waiting_for_tool):
                 raise
@@ -218,27 +186,50 @@ class Proxy:
         call: _Call,
         task: asyncio.Task[object],
     ) -> Reply:
-        """The request through the retry engine; the tool's answer relayed, or ours."""
+        """The request's body read, then the request sent if there is room for it."""
         route = target.route
         call.started = time.monotonic()
         self._hooks.request_received(route.name, request.method, request.headers)
         try:
-            body = await self._read_request_body(request, route.tuning.max_body_bytes)
+            body = await self._intake.read(request, route.tuning.max_body_bytes)
         except answers.Refusal as refusal:
-            refused = refusal.response(answers.own_report(refusal.error))
-            if refusal.error is answers.CLIENT_TIMEOUT:
-                refused.force_close()
-            call.status = refused.status
-            return refused
+            return self._refused_body(refusal, call)
+        # Only a request whose body is in (or, streamed, its first part) takes a slot of the
+        # in-flight limit: 2,100 uploads trickling in held all 2,048 slots for the client
+        # timeout, and every other agent got 503 meanwhile.
+        if self._max_in_flight and self._sending >= self._max_in_flight:
+            self._hooks.sidecar_overloaded(route.name, "max_in_flight")
+            call.outcome, call.status = Outcome.OVERLOADED, 503
+            return answers.overloaded_response(
+                self._max_in_flight, answers.own_report(answers.SIDECAR_OVERLOADED)
+            )
+        self._sending += 1
+        try:
+            return await self._send(request, target, request_id, body, call, task)
+        finally:
+            self._sending -= 1
+
+    async def _send(
+        self,
+        request: AgentRequest,
+        target: Target,
+        request_id: str,
+        body: bytes | StreamedBody,
+        call: _Call,
+        task: asyncio.Task[object],
+    ) -> Reply:
+        """The request, its body in, through the retry engine; the tool's answer relayed,
+        or ours."""
+        route = target.route
         headers = upstream_request_headers(
             request.headers, client_address=request.remote, scheme=request.scheme,
             request_id=request_id,
         )  # fmt: skip
         sent: RequestBody
-        if isinstance(body, _StreamedBody):
-            streamed, sent, payload = body, body.chunks(), None
+        if isinstance(body, StreamedBody):
+            sent, payload = body.chunks(), None
         else:
-            streamed, sent, payload = None, body, Payload(body)
+            sent, payload = body, Payload(body)
         upstream = UpstreamRequest(request.method, target.url, headers, sent)
         buffered = None if payload is None else payload.body
         with self._mcp_requests.watch(route.name, request.headers, buffered) as stop:
@@ -253,19 +244,20 @@ class Proxy:
             # A GET carries no call: its stream (MCP's own, a feed) may end at the drain.
             ending = self._streams_end if request.method == "GET" else None
             return await relay(request, result.answer, _report(result), ending)
+        streamed = body if isinstance(body, StreamedBody) else None
         response = self._answer_of_our_own(call.route, result, streamed)
         call.status = response.status
         return response
 
     def _answer_of_our_own(
-        self, route: str, result: Result, streamed: _StreamedBody | None
+        self, route: str, result: Result, streamed: StreamedBody | None
     ) -> Reply:
         """The answer when the tool gave none the agent can have."""
         report = _report(result)
         if streamed is not None and streamed.exceeded:
-            return self._too_large().response(report)
+            return self._intake.too_large().response(report)
         if streamed is not None and streamed.stalled:
-            response = _client_too_slow().response(report)
+            response = client_too_slow().response(report)
             response.force_close()
             return response
         if result.circuit_open_for_s is not None:
@@ -277,65 +269,33 @@ class Proxy:
             _log.warning("upstream_answer_broken", reason=result.error_reason)
         return answers.attempt_error_response(result.error, report, reason=result.error_reason)
 
-    def _too_large(self) -> answers.Refusal:
-        return answers.Refusal(
-            answers.REQUEST_TOO_LARGE,
-            "request body is larger than the sidecar accepts",
-            {"limit_bytes": self._max_request_bytes},
-        )
-
-    async def _read_request_body(
-        self, request: AgentRequest, buffer_limit: int
-    ) -> bytes | _StreamedBody:
-        """The body buffered when it fits ``buffer_limit``, else a stream.
-
-        A body over the hard limit, one the agent garbles (a bad chunk) or cuts short, and
-        one that stops arriving are refused here, not left to surface as a server error.
-        """
-        declared = request.content_length
-        if declared is not None and self._max_request_bytes and declared > self._max_request_bytes:
-            raise self._too_large()
-        if not request.body_exists:
-            return b""
-        try:
-            async with read_deadline(request.content, self._client_timeout_s):
-                if declared is not None and declared <= buffer_limit:
-                    return await request.content.readexactly(declared)
-                head = bytearray()
-                while len(head) <= buffer_limit:
-                    chunk = await request.content.readany()
-                    if not chunk:
-                        return bytes(head)
-                    head.extend(chunk)
-        except (HttpProcessingError, asyncio.IncompleteReadError):
-            raise answers.Refusal(
-                answers.BAD_REQUEST, "the request body is malformed or incomplete"
-            ) from None
-        except TimeoutError:
-            raise _client_too_slow() from None
-        if self._max_request_bytes and len(head) > self._max_request_bytes:
-            raise self._too_large()
-        return _StreamedBody(bytes(head), request, self._max_request_bytes, self._client_timeout_s)
-
-
-def _client_too_slow() -> answers.Refusal:
-    return answers.Refusal(
-        answers.CLIENT_TIMEOUT,
-        "the request body did not arrive in time",
-        {"reason": "client_timeout"},
-    )
+    def _refused_body(self, refusal: answers.Refusal, call: _Call) -> Reply:
+        """The answer to a body that could not be read: too large, too slow, malformed, or
+        past the memory budget (its agent should try again shortly, on a new connection:
+        the rest of its body is not read)."""
+        if refusal.error is answers.SIDECAR_OVERLOADED:
+            self._hooks.sidecar_overloaded(call.route, "max_buffered_bytes")
+            call.outcome = Outcome.OVERLOADED
+        refused = refusal.response(answers.refusal_report(refusal.error))
+        if refusal.error in (answers.CLIENT_TIMEOUT, answers.SIDECAR_OVERLOADED):
+            refused.force_close()
+        call.status = refused.status
+        return refused
 
 
 def _check_head(request: AgentRequest, max_header_bytes: int) -> None:
     """Refuse a request that cannot go to any tool as it is.
 
-    A path with a ``.`` or ``..`` segment (also percent-encoded) could climb out of a
-    route's prefix or an upstream's base path; header bytes that are not UTF-8 could not
+    A target the tool could resolve out of its route (``routing.target_fault``), an
+    HTTP/1.1 request without ``Host`` (RFC 9112 §3.2); header bytes that are not UTF-8 could not
     be passed on as they came; a header section over the limit is refused as a whole,
     where aiohttp's own limits hold each line.
     """
-    if has_dot_segment(request.raw_path):
-        raise answers.Refusal(answers.BAD_REQUEST, "path has a '.' or '..' segment")
+    refused = target_fault(request.raw_path)
+    if refused is not None:
+        raise answers.Refusal(answers.BAD_REQUEST, refused)
+    if request.version == aiohttp.HttpVersion11 and "Host" not in request.headers:
+        raise answers.Refusal(answers.BAD_REQUEST, "an HTTP/1.1 request without Host")
     bad_header = undeliverable_header(request.headers)
     if bad_header is not None:
         raise answers.Refusal(answers.BAD_REQUEST, f"header {bad_header} is not valid UTF-8")

@@ -11,14 +11,26 @@ from yarl import URL
 from sidecar.config import RouteConfig
 
 # A "." or ".." path segment, also percent-encoded: resolved by the tool, it could climb out
-# of the route's prefix or the upstream's base path.
-_DOT_SEGMENT = re.compile(r"(?:^|/)(?:\.|%2e){1,2}(?:/|$)", re.IGNORECASE)
+# of the route's prefix or the upstream's base path. Delimited by what some servers take for
+# a separator too: a backslash or ``%5c`` (IIS, Node's WHATWG URL), a ``;`` that starts
+# path parameters (Tomcat and Jetty read ``/..;/`` as ``/../``).
+_DOT_SEGMENT = re.compile(r"(?:^|/|\\|%5c)(?:\.|%2e){1,2}(?:/|\\|%5c|;|$)", re.IGNORECASE)
 
 
-def has_dot_segment(raw_target: str) -> bool:
-    """Whether the path part of ``raw_target`` has a ``.`` or ``..`` segment."""
+def target_fault(raw_target: str) -> str | None:
+    """Why ``raw_target``, as the agent sent it, cannot go to a tool, or ``None``.
+
+    A ``#`` is not valid in a request-target (RFC 9112 §3.2): URL libraries drop what
+    follows it, so ``/weather/..#x`` would pass the check below and reach the tool as
+    ``/weather/..``. The dot-segment check reads the target as received, never a parsed
+    form of it.
+    """
+    if "#" in raw_target:
+        return "the request-target holds a '#'"
     path = raw_target.partition("?")[0]
-    return bool(_DOT_SEGMENT.search(path.replace("%2f", "/").replace("%2F", "/")))
+    if _DOT_SEGMENT.search(path.replace("%2f", "/").replace("%2F", "/")):
+        return "path has a '.' or '..' segment"
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -251,7 +251,7 @@ class Hooks:
 
     def sidecar_overloaded(self, route: str | None, reason: str) -> None:
         """The sidecar itself had no room for a call: ``max_in_flight``, ``pool_timeout``
-        (no free upstream connection) or ``fd_exhausted``."""
+        (no free upstream connection), ``fd_exhausted`` or ``max_buffered_bytes``."""
         self._emit(SidecarOverloaded(route or "", reason, _of(route)))
 
     def circuit_state(self, route: str, state_now: int, tool: str = "") -> None:

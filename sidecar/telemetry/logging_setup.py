@@ -16,7 +16,7 @@ import orjson
 import structlog
 from aiohttp.http_exceptions import HttpProcessingError
 
-from sidecar.credentials import MASK, is_secret_name, mask_credentials
+from sidecar.credentials import MASK, is_secret_name, mask_path
 
 
 class _ClientFaultFilter(logging.Filter):
@@ -83,7 +83,7 @@ def _masked(name: str, value: Any) -> Any:
         return [_masked(name, item) for item in value]
     if value is None or isinstance(value, bool | int | float):
         return value
-    return mask_credentials(value if isinstance(value, str) else str(value))
+    return mask_path(value if isinstance(value, str) else str(value))
 
 
 def _orjson_dumps(event: Any, **_: Any) -> str:

@@ -84,6 +84,16 @@ class Metrics:
             ["route"],
             registry=registry,
         )
+        self.buffered_bytes = Gauge(
+            "sidecar_buffered_bytes",
+            "Bytes of heads, bodies and answers held in memory (SIDECAR_MAX_BUFFERED_BYTES)",
+            registry=registry,
+        )
+        self.loop_lag = Gauge(
+            "sidecar_event_loop_lag_seconds",
+            "How late the event loop last ran a timer: time a callback held it",
+            registry=registry,
+        )
 
     def _define_recovery_metrics(self, registry: CollectorRegistry) -> None:
         """Retries, their waits and budget, and payload repairs."""

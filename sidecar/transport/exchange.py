@@ -22,6 +22,7 @@ from sidecar.outcomes import AttemptError, out_of_descriptors
 from sidecar.tool.envelopes import json_document
 from sidecar.tool.eventstream import AnswerReader
 from sidecar.transport.answer import MalformedAnswer
+from sidecar.transport.buffers import hold
 from sidecar.transport.connection import ConnectionBroken, Progress, RequestBody, Stage
 from sidecar.transport.pool import Pool, Response
 
@@ -201,6 +202,9 @@ async def read_for_decision(
         async with read_deadline(response.content, timeout_s):
             if mode is BodyRead.WHOLE:
                 complete = await _read_up_to(response, limit, buffer)
+                # Past the memory budget the answer is not held to be judged: it goes to
+                # the agent as it is.
+                complete = complete and hold(len(buffer))
                 return Answer(response, bytes(buffer), complete, decisive=complete)
             event = await _read_answer_event(response, limit, request.rpc_id, buffer)
             decisive = event is not None

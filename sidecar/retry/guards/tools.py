@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sidecar.config.values import CircuitScope
+from sidecar.credentials import mask_path
 from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState, Ticket
 from sidecar.retry.guards.fleet import RouteState
 from sidecar.retry.replay import Rpc
@@ -31,12 +32,13 @@ def tool_of(
 ) -> str:
     """The tool a call is for: an MCP ``tools/call``'s tool name, else the OpenAPI path
     template it matched, else its path (without the query); one tool per route in the
-    ``route`` scope."""
+    ``route`` scope. The name is a metric label and a log field: credentials an agent put
+    in its path (``;access_token=…``) are masked here, once, for all of them."""
     if scope == "route":
         return WHOLE_ROUTE
     if rpc is not None and rpc[0] == "tools/call" and rpc[1]:
-        return rpc[1]
-    return template or path
+        return mask_path(rpc[1])
+    return template or mask_path(path)
 
 
 @dataclass(slots=True)

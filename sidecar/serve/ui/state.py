@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sidecar.credentials import mask_credentials
+from sidecar.credentials import mask_path
 from sidecar.retry.guards.route import RouteGuards
 from sidecar.retry.guards.snapshot import snapshot
 from sidecar.telemetry.recent import CallRecord, RecentCalls, RouteCounts
@@ -91,7 +91,7 @@ def _route(
     view = snapshot(guards)
     route["circuits"] = [
         {
-            "tool": mask_credentials(circuit.tool),
+            "tool": mask_path(circuit.tool),
             "state": circuit.state,
             "probe_in_s": round(circuit.probe_in_s, 1),
         }
@@ -99,8 +99,8 @@ def _route(
     ]
     route["cooldowns"] = [
         {
-            "tool": mask_credentials(cooldown.tool),
-            "path": mask_credentials(cooldown.path),
+            "tool": mask_path(cooldown.tool),
+            "path": mask_path(cooldown.path),
             "left_s": round(cooldown.left_s, 1),
         }
         for cooldown in view.cooldowns
@@ -115,7 +115,7 @@ def _call(record: CallRecord) -> dict[str, Any]:
         "finished_at": record.finished_at,
         "route": record.route,
         "method": record.method,
-        "path": mask_credentials(record.path),
+        "path": mask_path(record.path),
         "outcome": record.outcome,
         "answered": record.answered,
         "status": record.status,
