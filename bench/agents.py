@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -100,6 +101,11 @@ PROFILES = [
         "rpc-error",
         "JSON-RPC `-32603` `retryable: true` in a 200 (streamed)",
         tap_fault="rpc-error",
+    ),
+    Profile(
+        "rpc-error-json",
+        "JSON-RPC `-32603` `retryable: true` in a 200 (JSON)",
+        tap_fault="rpc-error-json",
     ),
 ]
 LANES = ("none", "envoy", "sidecar")
@@ -319,7 +325,7 @@ def figures(cell: Cell, half: str | None) -> tuple[str, str, str]:
 def row(cell: Cell) -> str:
     even, odd, whole = (figures(cell, half) for half in ("even", "odd", None))
     faults = cell.envoy_faults + sum(cell.tally.faults.values())
-    reasons = Counter(o.error[:70] for o in cell.outcomes if not o.succeeded)
+    reasons = Counter(reason(o.error) for o in cell.outcomes if not o.succeeded)
     failed = ", ".join(f"{reason} ×{count}" for reason, count in reasons.most_common(3)) or "—"
     cells = [
         cell.profile.title,
@@ -331,6 +337,16 @@ def row(cell: Cell) -> str:
         failed,
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def reason(error: str) -> str:
+    """A failed task's error, short enough for a table cell and alike across sessions."""
+    if error.startswith("tool answered") and "Stopped" in error:
+        return "a toggle run twice (answered Stopped)"
+    if error.startswith("tool answered") and "An error occurred" in error:
+        return "a tool call failed (SDK: an error occurred)"
+    error = error.replace(" to MCP server 'everything'", "").replace("|", "/")
+    return re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27}", "…", error)[:60]
 
 
 HEADER = [

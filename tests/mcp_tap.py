@@ -15,6 +15,8 @@ applies to drawn from a seeded RNG, or on the first attempt of every Nth call of
   an event stream that opens with a priming event (an ``id:`` and an empty ``data:``, as a
   server with an event store sends under protocol 2025-11-25), or plain JSON when the caller
   does not accept event streams. Every other POST passes (the tool's error is a tool call's).
+- ``rpc-error-json``: the same error as plain JSON whatever the caller accepts, as a server
+  that answers in JSON (the MCP SDK's ``json_response=True``) sends it.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-FAULTS = ("reset-before", "reset-after", "rpc-error")
+FAULTS = ("reset-before", "reset-after", "rpc-error", "rpc-error-json")
 # Hop-by-hop and framing headers: aiohttp writes its own for what the tap relays.
 _NOT_RELAYED = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
@@ -116,7 +118,9 @@ class Tap:
         if request.method != "POST":
             return await self._relay(request, body)
         message = _json_rpc(body)
-        eligible = self.fault is not None and (self.fault != "rpc-error" or _is_tool_call(message))
+        eligible = self.fault is not None and (
+            not self.fault.startswith("rpc-error") or _is_tool_call(message)
+        )
         session = request.headers.get("mcp-session-id", "")
         fault = self.fault if eligible and self.decide(session, message) else None
         if fault:
@@ -124,8 +128,8 @@ class Tap:
         if fault == "reset-before":
             _reset(request)
             return web.Response()  # never written: the connection is gone
-        if fault == "rpc-error":
-            return _rpc_error(request, message)
+        if fault in ("rpc-error", "rpc-error-json"):
+            return _rpc_error(request, message, streamed=fault == "rpc-error")
         self._count(request, message)
         if fault == "reset-after":
             async with self._forward(request, body) as answer:
@@ -198,13 +202,13 @@ def _is_tool_call(message: object) -> bool:
     return isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
 
 
-def _rpc_error(request: web.Request, message: object) -> web.Response:
+def _rpc_error(request: web.Request, message: object, streamed: bool) -> web.Response:
     assert isinstance(message, dict)
     error = orjson.dumps({"jsonrpc": "2.0", "id": message["id"], "error": RETRYABLE_ERROR})
     headers = {}
     if "mcp-session-id" in request.headers:
         headers["mcp-session-id"] = request.headers["mcp-session-id"]
-    if "text/event-stream" not in request.headers.get("Accept", ""):
+    if not streamed or "text/event-stream" not in request.headers.get("Accept", ""):
         return web.Response(body=error, content_type="application/json", headers=headers)
     # The server's own framing: a priming event, then the answer as an event of its stream.
     stream = (
