@@ -12,7 +12,7 @@ the reference server's do.
 A task succeeded when the run finished and every tool answer is the right one; a toggle run
 twice answers "Stopped…" and fails its task. Task *n* draws its calls from its own seed
 (``seed`` + *n*); the tasks with an even *n* are one half of the set, the odd ones the other,
-so that settings tuned on one half can be judged on the half nobody tuned on.
+so that settings tuned on the even half can be judged on the odd one, held out.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 from agents import Agent, ModelResponse, RunConfig, Runner, Usage
-from agents.items import ToolCallOutputItem
+from agents.items import ToolCallOutputItem, TResponseInputItem
 from agents.mcp import MCPServerStreamableHttp
 from agents.models.interface import Model
 from mcp.server.mcpserver import Context, MCPServer
@@ -96,11 +96,17 @@ class ScriptedModel(Model):
     def __init__(self, task: Task) -> None:
         self.task = task
 
-    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
-        given = args[1] if len(args) > 1 else kwargs["input"]
+    async def get_response(
+        self,
+        system_instructions: str | None,
+        input: str | list[TResponseInputItem],
+        *args: Any,
+        **kwargs: Any,
+    ) -> ModelResponse:
+        """The next call, after as many calls as the input holds answers to."""
         done = sum(
             1
-            for item in given
+            for item in input
             if isinstance(item, dict) and item.get("type") == "function_call_output"
         )
         if done < len(self.task.calls):
