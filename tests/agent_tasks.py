@@ -43,6 +43,8 @@ from openai.types.responses import (
     ResponseOutputText,
 )
 
+from tests.asgi import read_body, replaying
+
 TOOLS = ("echo", "get-sum", "toggle-simulated-logging")
 NOT_IDEMPOTENT = frozenset({"toggle-simulated-logging"})
 
@@ -253,11 +255,9 @@ class DiscoverRefused:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        chunks, message = [], {"more_body": True}
-        while message.get("more_body"):
-            message = await receive()
-            chunks.append(message.get("body", b""))
-        body = b"".join(chunks)
+        body = await read_body(receive)
+        if body is None:
+            return  # the caller went away
         if _method(body) == "server/discover":
             refusal = orjson.dumps(
                 {
@@ -270,16 +270,7 @@ class DiscoverRefused:
             await send({"type": "http.response.start", "status": 400, "headers": headers})
             await send({"type": "http.response.body", "body": refusal})
             return
-        replayed = False
-
-        async def receive_again() -> Any:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await self.app(scope, receive_again, send)
+        await self.app(scope, replaying(body, receive), send)
 
 
 def everything_app() -> Any:

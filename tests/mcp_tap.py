@@ -126,7 +126,7 @@ class Tap:
         if fault:
             self.tally.faults[fault] += 1
         if fault == "reset-before":
-            _reset(request)
+            reset_connection(request)
             return web.Response()  # never written: the connection is gone
         if fault in ("rpc-error", "rpc-error-json"):
             return _rpc_error(request, message, streamed=fault == "rpc-error")
@@ -134,7 +134,7 @@ class Tap:
         if fault == "reset-after":
             async with self._forward(request, body) as answer:
                 await answer.read()
-            _reset(request)
+            reset_connection(request)
             return web.Response()
         return await self._relay(request, body, counted=True)
 
@@ -219,7 +219,7 @@ def _rpc_error(request: web.Request, message: object, streamed: bool) -> web.Res
     return web.Response(body=stream, content_type="text/event-stream", headers=headers)
 
 
-def _reset(request: web.Request) -> None:
+def reset_connection(request: web.Request) -> None:
     """Close the connection with a TCP RST (linger 0), answering nothing."""
     transport = request.transport
     if transport is None:
