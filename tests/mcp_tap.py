@@ -136,7 +136,7 @@ class Tap:
                 await answer.read()
             reset_connection(request)
             return web.Response()
-        return await self._relay(request, body, counted=True)
+        return await self._relay(request, body)
 
     def _count(self, request: web.Request, message: object) -> None:
         if not isinstance(message, dict):
@@ -166,9 +166,7 @@ class Tap:
         ) as answer:
             yield answer
 
-    async def _relay(
-        self, request: web.Request, body: bytes, counted: bool = False
-    ) -> web.StreamResponse:
+    async def _relay(self, request: web.Request, body: bytes) -> web.StreamResponse:
         async with self._forward(request, body) as answer:
             relayed = web.StreamResponse(status=answer.status, reason=answer.reason)
             for name, value in answer.headers.items():
