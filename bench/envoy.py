@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,15 +145,22 @@ def config(
     port: int,
     admin_port: int,
     upstream_port: int,
-    retry_policy: RetryPolicy,
+    retry_policy: RetryPolicy | None,
     route_timeout_s: float = 15.0,
     hedge_on_per_try_timeout: bool = False,
+    filters: Sequence[dict[str, object]] = (),
+    local_reply: dict[str, object] | None = None,
+    attempt_count: bool = True,
 ) -> dict[str, object]:
     """One listener on 127.0.0.1:port that proxies every path to 127.0.0.1:upstream_port.
 
+    ``retry_policy`` of ``None``: no retries, as a mesh's proxy beside a tool runs by default.
     ``hedge_on_per_try_timeout``: the route's hedge policy; when an attempt reaches the retry
     policy's per-try timeout, a retry goes out beside it instead of in its place, and the
-    first answer wins."""
+    first answer wins. ``filters``: HTTP filters ahead of the router (a fault filter);
+    ``local_reply``: the connection manager's ``local_reply_config`` (headers on Envoy's own
+    answers). ``attempt_count=False`` leaves out ``x-envoy-attempt-count``, as Envoy does by
+    default."""
     return {
         "admin": {"address": _address(admin_port)},
         "static_resources": {
@@ -164,7 +172,12 @@ def config(
                         {
                             "filters": [
                                 _connection_manager(
-                                    retry_policy, route_timeout_s, hedge_on_per_try_timeout
+                                    retry_policy,
+                                    route_timeout_s,
+                                    hedge_on_per_try_timeout,
+                                    filters,
+                                    local_reply,
+                                    attempt_count,
                                 )
                             ]
                         }
@@ -199,16 +212,19 @@ def config(
 
 
 def _connection_manager(
-    retry_policy: RetryPolicy, route_timeout_s: float, hedge_on_per_try_timeout: bool
+    retry_policy: RetryPolicy | None,
+    route_timeout_s: float,
+    hedge_on_per_try_timeout: bool,
+    filters: Sequence[dict[str, object]],
+    local_reply: dict[str, object] | None,
+    attempt_count: bool,
 ) -> dict[str, object]:
-    route: dict[str, object] = {
-        "cluster": "tool",
-        "timeout": _duration(route_timeout_s),
-        "retry_policy": retry_policy.as_config(),
-    }
+    route: dict[str, object] = {"cluster": "tool", "timeout": _duration(route_timeout_s)}
+    if retry_policy is not None:
+        route["retry_policy"] = retry_policy.as_config()
     if hedge_on_per_try_timeout:
         route["hedge_policy"] = {"hedge_on_per_try_timeout": True}
-    return {
+    manager: dict[str, object] = {
         "name": "envoy.filters.network.http_connection_manager",
         "typed_config": {
             "@type": "type.googleapis.com/envoy.extensions.filters.network."
@@ -221,22 +237,28 @@ def _connection_manager(
                         "domains": ["*"],
                         # x-envoy-attempt-count on every answer, as X-Sidecar-Attempts is:
                         # attempts that never reached the tool are counted there.
-                        "include_attempt_count_in_response": True,
+                        "include_attempt_count_in_response": attempt_count,
                         "routes": [{"match": {"prefix": "/"}, "route": route}],
                     }
                 ]
             },
             "http_filters": [
+                *filters,
                 {
                     "name": "envoy.filters.http.router",
                     "typed_config": {
                         "@type": "type.googleapis.com/envoy.extensions.filters.http."
                         "router.v3.Router"
                     },
-                }
+                },
             ],
         },
     }
+    if local_reply is not None:
+        typed = manager["typed_config"]
+        assert isinstance(typed, dict)
+        typed["local_reply_config"] = local_reply
+    return manager
 
 
 def write_config(path: Path, envoy_config: dict[str, object]) -> Path:

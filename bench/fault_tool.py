@@ -12,15 +12,19 @@ from __future__ import annotations
 import asyncio
 import enum
 import random
-import socket
-import struct
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from email.utils import formatdate
+from pathlib import Path
 
 import orjson
 from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.mcp_tap import reset_connection
 
 STAMP = "X-Fault-Tool"
 OK = {"success": True, "data": {"temp_c": 21.5, "location": "Tokyo, Japan"}}
@@ -85,7 +89,7 @@ class FaultTool:
             return answer
         seen.append(step.value)
         if step is Step.RESET:
-            _reset(request)
+            reset_connection(request)
             return web.Response()  # never written: the connection is gone
         if step is Step.STALL:
             await asyncio.sleep(self.stall_s)
@@ -124,14 +128,3 @@ def _json(status: int, body: Mapping[str, object]) -> web.Response:
         content_type="application/json",
         headers={STAMP: "1"},
     )
-
-
-def _reset(request: web.Request) -> None:
-    """Close the connection with a TCP RST (linger 0), answering nothing."""
-    transport = request.transport
-    if transport is None:
-        return
-    sock = transport.get_extra_info("socket")
-    if sock is not None:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    transport.abort()

@@ -44,12 +44,12 @@ from mcp import MCPError
 from mcp.server.mcpserver import MCPServer
 from processes import Bench, free_port
 from report import Report
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.asgi import uvicorn_serving  # noqa: E402
+from tests.asgi import read_body, replaying, uvicorn_serving  # noqa: E402
 from tests.wire import Wire, mcp_client  # noqa: E402
 
 FAILING = "search"
@@ -198,15 +198,9 @@ class ToolDown:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the caller went away
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+        body = await read_body(receive)
+        if body is None:
+            return  # the caller went away
         name = called_tool(body)
         if name:
             self.received[name] += 1
@@ -215,21 +209,7 @@ class ToolDown:
             await send({"type": "http.response.start", "status": 503, "headers": headers})
             await send({"type": "http.response.body", "body": b"search backend unavailable"})
             return
-        await self.app(scope, _replaying(body, receive), send)
-
-
-def _replaying(body: bytes, receive: Receive) -> Receive:
-    """``receive`` that gives the body already read first."""
-    given = False
-
-    async def again() -> Message:
-        nonlocal given
-        if given:
-            return await receive()
-        given = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return again
+        await self.app(scope, replaying(body, receive), send)
 
 
 class ToolCallWire(Wire):

@@ -48,3 +48,29 @@ async def uvicorn_serving(app: Any) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await serving
+
+
+async def read_body(receive: Any) -> bytes | None:
+    """An ASGI request's whole body; ``None`` when the caller went away first."""
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def replaying(body: bytes, receive: Any) -> Any:
+    """``receive`` that gives the body already read first."""
+    given = False
+
+    async def again() -> Any:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return again

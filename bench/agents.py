@@ -1,0 +1,401 @@
+"""A real agent's loop over MCP under tool faults: task success by fault profile and lane.
+
+    python bench/agents.py [--tasks 40] [--profiles NAME ...] [--lanes NAME ...]
+                           [--seed 1] [--sidecar-src DIR] [--bound-s 3600] [--out FILE]
+
+The agent is the OpenAI Agents SDK (``openai-agents``) with ``MCPServerStreamableHttp`` at
+every default (its 5 s timeout included), driven by a scripted model (tests/agent_tasks.py):
+each task is a fresh MCP session making 1–3 tool calls, so only the path varies. The tool is
+the reference server ``@modelcontextprotocol/server-everything`` (npm, pinned), streamable
+HTTP with its event store, installed with npm into bench/.cache/ on first use and held on
+127.0.0.1 by a preload that binds its listener there. In front of it, a counting tap
+(tests/mcp_tap.py) counts what it received and plays the tap's faults; Envoy's fault filter
+plays the others, in an Envoy on the tool's side. Lanes: no proxy; Envoy with a standard
+retry policy; ``tool-retry-sidecar serve`` with its shipped defaults. A fresh server, tap,
+Envoys and sidecar per cell, so no cell inherits another's sessions or circuits. Tasks run
+one at a time. Every process is stopped by its PID; ``--bound-s`` ends the run, and the
+cells measured by then are reported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import aiohttp
+
+# Run as `python bench/agents.py`, this file's folder leads sys.path, and this file would
+# stand in for the Agents SDK's `agents` package: the repository root takes its place.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [str(_HERE.parent), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
+
+from bench import envoy  # noqa: E402
+from bench.processes import (  # noqa: E402
+    SIDECAR_ON_LOOPBACK,
+    Bench,
+    free_port,
+    tree_command,
+    wait_for_port,
+)
+from bench.report import Report  # noqa: E402
+from tests.agent_tasks import NOT_IDEMPOTENT, Outcome, Task, run_task, tasks  # noqa: E402
+from tests.mcp_tap import Tally, Tap, seeded, tap_serving  # noqa: E402
+
+EVERYTHING = "@modelcontextprotocol/server-everything"
+EVERYTHING_VERSION = "2026.8.31"
+CACHE = Path(__file__).resolve().parent / ".cache" / f"server-everything-{EVERYTHING_VERSION}"
+# server-everything listens on every interface (``app.listen(PORT)``); this preload binds
+# any listener given only a port to 127.0.0.1 instead.
+LOOPBACK_PRELOAD = """import net from "node:net";
+const listen = net.Server.prototype.listen;
+net.Server.prototype.listen = function (...args) {
+  if (typeof args[0] === "number" || typeof args[0] === "string") {
+    const rest = args.slice(1).filter((arg) => typeof arg === "function");
+    return listen.call(this, Number(args[0]), "127.0.0.1", ...rest);
+  }
+  return listen.apply(this, args);
+};
+"""
+TASK_BOUND_S = 60  # far above a task's worst case (a few requests, 5 s each at most)
+FAULT_SHARE = 0.3
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    title: str
+    envoy_abort: int | None = None  # the tool-side Envoy's fault filter aborts with this
+    tap_fault: str | None = None  # the tap's fault (tests/mcp_tap.py)
+    share: float = FAULT_SHARE
+    tool_side_envoy: bool = False  # an Envoy beside the tool even with no fault of its own
+
+
+PROFILES = [
+    Profile("none", "none"),
+    Profile("503", "503", envoy_abort=503),
+    Profile("429", "429 + `Retry-After: 1`", envoy_abort=429),
+    Profile(
+        "reset-before", "reset before the server saw it (10%)", tap_fault="reset-before", share=0.1
+    ),
+    Profile("reset-after", "reset after the server ran it", tap_fault="reset-after"),
+    Profile(
+        "reset-after-mesh",
+        "reset after, behind a tool-side Envoy (its 503)",
+        tap_fault="reset-after",
+        tool_side_envoy=True,
+    ),
+    Profile(
+        "rpc-error",
+        "JSON-RPC `-32603` `retryable: true` in a 200 (streamed)",
+        tap_fault="rpc-error",
+    ),
+    Profile(
+        "rpc-error-json",
+        "JSON-RPC `-32603` `retryable: true` in a 200 (JSON)",
+        tap_fault="rpc-error-json",
+    ),
+]
+LANES = ("none", "envoy", "sidecar")
+# A standard retry policy for a tool, at Envoy's own back-off (25 ms base, 250 ms cap) and
+# no per-try timeout: what a route with `retry_on: 5xx,reset,connect-failure` and 3 retries
+# does without further tuning.
+STANDARD_RETRIES = envoy.RetryPolicy(
+    retry_on="5xx,reset,connect-failure",
+    num_retries=3,
+    per_try_timeout_s=None,
+    back_off_base_s=0.025,
+    back_off_max_s=0.25,
+)
+
+
+def fault_filter(status: int, share: float) -> dict[str, object]:
+    """Envoy's fault filter: abort ``share`` of POSTs with ``status``, drawn per request."""
+    return {
+        "name": "envoy.filters.http.fault",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.fault.v3.HTTPFault",
+            "abort": {
+                "http_status": status,
+                "percentage": {"numerator": round(share * 100), "denominator": "HUNDRED"},
+            },
+            "headers": [{"name": ":method", "string_match": {"exact": "POST"}}],
+        },
+    }
+
+
+# Envoy's own 429s (the fault filter's) carry `Retry-After: 1`.
+RETRY_AFTER_ON_429 = {
+    "mappers": [
+        {
+            "filter": {
+                "status_code_filter": {
+                    "comparison": {
+                        "op": "EQ",
+                        "value": {"default_value": 429, "runtime_key": "bench.retry_after_429"},
+                    }
+                }
+            },
+            "headers_to_add": [
+                {
+                    "header": {"key": "Retry-After", "value": "1"},
+                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+                }
+            ],
+        }
+    ]
+}
+
+
+def everything_command() -> list[str]:
+    """server-everything's streamable-HTTP transport, installed with npm on first use."""
+    entry = CACHE / "node_modules" / EVERYTHING / "dist" / "index.js"
+    if not entry.is_file():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [
+                "npm",
+                "install",
+                "--prefix",
+                str(CACHE),
+                "--no-audit",
+                "--no-fund",
+                "--silent",
+                f"{EVERYTHING}@{EVERYTHING_VERSION}",
+            ],
+            check=True,
+        )
+    preload = CACHE / "loopback.mjs"
+    preload.write_text(LOOPBACK_PRELOAD)
+    return ["node", "--import", preload.as_uri(), str(entry), "streamableHttp"]
+
+
+@dataclass
+class Cell:
+    profile: Profile
+    lane: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    tally: Tally = field(default_factory=Tally)
+    envoy_faults: int = 0
+
+
+class Run:
+    """The processes of one cell, each started here and stopped by its PID."""
+
+    def __init__(self, workdir: Path, sidecar_src: Path | None) -> None:
+        self.bench = Bench(workdir)
+        self.workdir = workdir
+        self.sidecar_src = sidecar_src
+
+    def everything(self) -> int:
+        port = free_port()
+        self.bench.start("everything", None, *everything_command(), env={"PORT": str(port)})
+        wait_for_port(port)
+        return port
+
+    def envoy(
+        self,
+        name: str,
+        upstream: int,
+        policy: envoy.RetryPolicy | None,
+        profile: Profile | None = None,
+    ) -> tuple[int, int]:
+        port, admin = free_port(), free_port()
+        filters = (
+            [fault_filter(profile.envoy_abort, profile.share)]
+            if (profile and profile.envoy_abort)
+            else []
+        )
+        config = envoy.config(
+            port,
+            admin,
+            upstream,
+            policy,
+            filters=filters,
+            local_reply=RETRY_AFTER_ON_429 if profile else None,
+            attempt_count=policy is not None,
+        )
+        path = envoy.write_config(self.workdir / f"{name}.json", config)
+        self.bench.start(name, None, *envoy.command(path))
+        wait_for_port(port)
+        return port, admin
+
+    def sidecar(self, upstream: int) -> int:
+        port = free_port()
+        target = f"http://127.0.0.1:{upstream}"
+        if self.sidecar_src is not None:
+            command = tree_command(self.sidecar_src.resolve(), target, port)
+        else:
+            script = str(Path(sys.executable).with_name("tool-retry-sidecar"))
+            command = [
+                script,
+                "serve",
+                "--upstream",
+                target,
+                "--port",
+                str(port),
+                "--admin-port",
+                str(free_port()),
+            ]
+        environment = {
+            name: value
+            for name, value in os.environ.items()
+            if not name.startswith(("SIDECAR_", "OPENAI_", "GOMIND_AGENT_"))
+        }
+        self.bench.start(
+            "sidecar", None, *command, env={**environment, **SIDECAR_ON_LOOPBACK}, inherit_env=False
+        )
+        wait_for_port(port, timeout_s=60)
+        return port
+
+
+@asynccontextmanager
+async def cell_path(run: Run, cell: Cell, seed: int) -> AsyncIterator[tuple[str, int | None]]:
+    """The path one cell's agent calls through: its MCP URL and the fault Envoy's admin."""
+    profile = cell.profile
+    tool = run.everything()
+    tap = Tap(f"http://127.0.0.1:{tool}", tally=cell.tally)
+    if profile.tap_fault:
+        tap.fault, tap.decide = profile.tap_fault, seeded(profile.share, seed)
+    async with AsyncExitStack() as stack:
+        tapped = await stack.enter_async_context(tap_serving(tap))
+        next_hop, fault_admin = int(tapped.rsplit(":", 1)[1]), None
+        if profile.envoy_abort or profile.tool_side_envoy:
+            next_hop, fault_admin = run.envoy("tool-side-envoy", next_hop, None, profile)
+        if cell.lane == "envoy":
+            next_hop, _ = run.envoy("lane-envoy", next_hop, STANDARD_RETRIES)
+        elif cell.lane == "sidecar":
+            next_hop = run.sidecar(next_hop)
+        yield f"http://127.0.0.1:{next_hop}/mcp", fault_admin
+
+
+async def measure(cell: Cell, chosen: list[Task], seed: int, run: Run) -> None:
+    try:
+        async with cell_path(run, cell, seed) as (url, fault_admin):
+            for task in chosen:
+                try:
+                    async with asyncio.timeout(TASK_BOUND_S):
+                        cell.outcomes.append(await run_task(url, task))
+                except TimeoutError:
+                    cell.outcomes.append(Outcome(task, False, TASK_BOUND_S, "bench bound"))
+            if fault_admin is not None:
+                cell.envoy_faults = await aborts_injected(fault_admin)
+    finally:
+        run.bench.stop_all()
+
+
+async def aborts_injected(admin: int) -> int:
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"http://127.0.0.1:{admin}/stats?filter=fault.aborts_injected") as answer,
+    ):
+        text = await answer.text()
+    return sum(int(line.rsplit(":", 1)[1]) for line in text.splitlines() if ":" in line)
+
+
+def p95(seconds: list[float]) -> str:
+    if not seconds:
+        return "—"
+    ordered = sorted(seconds)
+    return f"{ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]:.2f}"
+
+
+def figures(cell: Cell, half: str | None) -> tuple[str, str, str]:
+    """Success %, p95 task seconds, and calls run twice (of them not idempotent)."""
+    chosen = [o for o in cell.outcomes if half is None or o.task.half == half]
+    numbers = {str(o.task.number) for o in chosen}
+    success = 100 * sum(o.succeeded for o in chosen) / len(chosen) if chosen else 0.0
+    twice = [d for d in cell.tally.calls_run_twice() if d.task in numbers]
+    risky = sum(d.tool in NOT_IDEMPOTENT for d in twice)
+    return f"{success:.1f}", p95([o.seconds for o in chosen]), f"{len(twice)} ({risky})"
+
+
+def row(cell: Cell) -> str:
+    even, odd, whole = (figures(cell, half) for half in ("even", "odd", None))
+    faults = cell.envoy_faults + sum(cell.tally.faults.values())
+    reasons = Counter(reason(o.error) for o in cell.outcomes if not o.succeeded)
+    failed = ", ".join(f"{reason} ×{count}" for reason, count in reasons.most_common(3)) or "—"
+    cells = [
+        cell.profile.title,
+        cell.lane,
+        *(f[0] for f in (even, odd, whole)),
+        *(f[1] for f in (even, odd, whole)),
+        *(f[2] for f in (even, odd, whole)),
+        str(faults),
+        failed,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def reason(error: str) -> str:
+    """A failed task's error, short enough for a table cell and alike across sessions."""
+    if error.startswith("tool answered") and "Stopped" in error:
+        return "a toggle run twice (answered Stopped)"
+    if error.startswith("tool answered") and "An error occurred" in error:
+        return "a tool call failed (SDK: an error occurred)"
+    error = error.replace(" to MCP server 'everything'", "").replace("|", "/")
+    return re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27}", "…", error)[:60]
+
+
+HEADER = [
+    "| fault | lane | success % even | odd | all | p95 s even | odd | all "
+    "| run twice (not idempotent) even | odd | all | faults played | how tasks failed |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+]
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    chosen_tasks = tasks(args.tasks, args.seed)
+    profiles = [p for p in PROFILES if not args.profiles or p.name in args.profiles]
+    report, started = Report(), time.monotonic()
+    version = [metadata.version(name) for name in ("openai-agents", "mcp")]
+    report(
+        f"openai-agents {version[0]}, mcp {version[1]}, {EVERYTHING}@{EVERYTHING_VERSION}, "
+        f"Envoy {envoy.version()}; {len(chosen_tasks)} tasks per cell, seed {args.seed}, "
+        f"sidecar from {args.sidecar_src or 'this checkout'}"
+    )
+    report()
+    for line in HEADER:
+        report(line)
+    workdir = Path(tempfile.mkdtemp(prefix="agents-bench-"))
+    try:
+        async with asyncio.timeout(args.bound_s):
+            for profile in profiles:
+                for lane in [lane for lane in LANES if not args.lanes or lane in args.lanes]:
+                    cell = Cell(profile, lane)
+                    await measure(cell, chosen_tasks, args.seed, Run(workdir, args.sidecar_src))
+                    report(row(cell))
+    except TimeoutError:
+        report(f"(stopped at the {args.bound_s} s bound; the rows above are whole cells)")
+    report()
+    report.finish(started, args.out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=40, help="tasks per cell")
+    parser.add_argument("--profiles", nargs="*", choices=[p.name for p in PROFILES])
+    parser.add_argument("--lanes", nargs="*", choices=LANES)
+    parser.add_argument("--seed", type=int, default=1, help="tasks and the tap's fault draws")
+    parser.add_argument("--sidecar-src", type=Path, help="run the sidecar from this tree")
+    parser.add_argument("--bound-s", type=float, default=3600, help="end the run after this")
+    parser.add_argument("--out", help="also write the report to this file")
+    # The SDKs log every request and every failed tool call; the table says what matters.
+    logging.disable(logging.CRITICAL)
+    asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,250 @@
+"""A counting fault tap in front of an MCP streamable-HTTP server: what the tool received.
+
+Every request is relayed to the server as it came and its answer back as it came (event
+streams chunk by chunk). Each POST that reaches the server is counted by its JSON-RPC method
+and, for ``tools/call``, its tool; a call whose request (same session, same JSON-RPC id) is
+delivered twice was run twice. On POSTs the tap can also play one fault, on each POST it
+applies to drawn from a seeded RNG, or on the first attempt of every Nth call of some tools:
+
+- ``reset-before``: the request is read, then the connection is reset (RST): the server never
+  saw it.
+- ``reset-after``: the request is delivered, the server's whole answer read, then the
+  connection is reset: the server ran it, the caller got nothing.
+- ``rpc-error``: a ``tools/call`` is answered by the tap, not delivered, with a 200 holding
+  ``{"code": -32603, "data": {"retryable": true}}``, framed as the server frames its answers:
+  an event stream that opens with a priming event (an ``id:`` and an empty ``data:``, as a
+  server with an event store sends under protocol 2025-11-25), or plain JSON when the caller
+  does not accept event streams. Every other POST passes (the tool's error is a tool call's).
+- ``rpc-error-json``: the same error as plain JSON whatever the caller accepts, as a server
+  that answers in JSON (the MCP SDK's ``json_response=True``) sends it.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import struct
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+FAULTS = ("reset-before", "reset-after", "rpc-error", "rpc-error-json")
+# Hop-by-hop and framing headers: aiohttp writes its own for what the tap relays.
+_NOT_RELAYED = frozenset(
+    {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
+)
+RETRYABLE_ERROR = {"code": -32603, "message": "Internal error", "data": {"retryable": True}}
+
+
+@dataclass
+class Delivery:
+    """One POST the server received."""
+
+    session: str
+    rpc_id: object  # None for a notification
+    method: str
+    tool: str | None  # the tool of a tools/call
+    task: str  # the caller's x-bench-task header: which task sent it
+
+
+@dataclass
+class Tally:
+    """What the tool received, and what the tap did."""
+
+    deliveries: list[Delivery] = field(default_factory=list)
+    faults: Counter[str] = field(default_factory=Counter)
+
+    def by_method(self) -> Counter[str]:
+        return Counter(f"{d.method}:{d.tool}" if d.tool else d.method for d in self.deliveries)
+
+    def calls_run_twice(self) -> list[Delivery]:
+        """Each tools/call the server received more than once (same session, same id)."""
+        seen: Counter[tuple[str, str]] = Counter()
+        twice: list[Delivery] = []
+        for delivery in self.deliveries:
+            if delivery.method != "tools/call":
+                continue
+            key = (delivery.session, orjson.dumps(delivery.rpc_id).decode())
+            seen[key] += 1
+            if seen[key] == 2:
+                twice.append(delivery)
+        return twice
+
+
+# Whether to play the fault on one POST: its session and its JSON-RPC message.
+Decide = Callable[[str, object], bool]
+
+
+def seeded(ratio: float, seed: int) -> Decide:
+    """A fault on each POST with probability ``ratio``, from its own seeded RNG."""
+    draws = random.Random(seed)
+    return lambda session, message: draws.random() < ratio
+
+
+def first_attempts(nth: int, tools: frozenset[str]) -> Decide:
+    """A fault on the first attempt of the Nth, 2Nth, ... call of ``tools``; none on a later
+    attempt of the same call (same session, same id). The calls that meet a fault are the
+    same whatever a proxy retries."""
+    calls: dict[tuple[str, str], bool] = {}
+
+    def decide(session: str, message: object) -> bool:
+        if not isinstance(message, dict) or _tool(message) not in tools:
+            return False
+        call = (session, orjson.dumps(message.get("id")).decode())
+        if call in calls:
+            return False
+        calls[call] = (len(calls) + 1) % nth == 0
+        return calls[call]
+
+    return decide
+
+
+@dataclass
+class Tap:
+    upstream: str
+    fault: str | None = None  # one of FAULTS, or None
+    decide: Decide = field(default=lambda session, message: False)
+    tally: Tally = field(default_factory=Tally)
+    _client: aiohttp.ClientSession | None = None
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if request.method != "POST":
+            return await self._relay(request, body)
+        message = _json_rpc(body)
+        eligible = self.fault is not None and (
+            not self.fault.startswith("rpc-error") or _is_tool_call(message)
+        )
+        session = request.headers.get("mcp-session-id", "")
+        fault = self.fault if eligible and self.decide(session, message) else None
+        if fault:
+            self.tally.faults[fault] += 1
+        if fault == "reset-before":
+            reset_connection(request)
+            return web.Response()  # never written: the connection is gone
+        if fault in ("rpc-error", "rpc-error-json"):
+            return _rpc_error(request, message, streamed=fault == "rpc-error")
+        self._count(request, message)
+        if fault == "reset-after":
+            async with self._forward(request, body) as answer:
+                await answer.read()
+            reset_connection(request)
+            return web.Response()
+        return await self._relay(request, body)
+
+    def _count(self, request: web.Request, message: object) -> None:
+        if not isinstance(message, dict):
+            return
+        self.tally.deliveries.append(
+            Delivery(
+                request.headers.get("mcp-session-id", ""),
+                message.get("id"),
+                str(message.get("method", "(answer)")),
+                _tool(message),
+                request.headers.get("x-bench-task", ""),
+            )
+        )
+
+    @asynccontextmanager
+    async def _forward(
+        self, request: web.Request, body: bytes
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        assert self._client is not None
+        headers = {
+            name: value
+            for name, value in request.headers.items()
+            if name.lower() not in _NOT_RELAYED
+        }
+        async with self._client.request(
+            request.method, self.upstream + request.path_qs, data=body or None, headers=headers
+        ) as answer:
+            yield answer
+
+    async def _relay(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        async with self._forward(request, body) as answer:
+            relayed = web.StreamResponse(status=answer.status, reason=answer.reason)
+            for name, value in answer.headers.items():
+                if name.lower() not in _NOT_RELAYED:
+                    relayed.headers.add(name, value)
+            if answer.content_length is not None:
+                relayed.content_length = answer.content_length
+            await relayed.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await relayed.write(chunk)
+            await relayed.write_eof()
+            return relayed
+
+
+def _json_rpc(body: bytes) -> object:
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _tool(message: dict[str, object]) -> str | None:
+    """The tool a ``tools/call`` names."""
+    params = message.get("params")
+    if message.get("method") != "tools/call" or not isinstance(params, dict):
+        return None
+    return str(params.get("name"))
+
+
+def _is_tool_call(message: object) -> bool:
+    return isinstance(message, dict) and message.get("method") == "tools/call" and "id" in message
+
+
+def _rpc_error(request: web.Request, message: object, streamed: bool) -> web.Response:
+    assert isinstance(message, dict)
+    error = orjson.dumps({"jsonrpc": "2.0", "id": message["id"], "error": RETRYABLE_ERROR})
+    headers = {}
+    if "mcp-session-id" in request.headers:
+        headers["mcp-session-id"] = request.headers["mcp-session-id"]
+    if not streamed or "text/event-stream" not in request.headers.get("Accept", ""):
+        return web.Response(body=error, content_type="application/json", headers=headers)
+    # The server's own framing: a priming event, then the answer as an event of its stream.
+    stream = (
+        f"id: {uuid.uuid4()}\ndata: \n\n"
+        f"event: message\nid: {uuid.uuid4()}\ndata: {error.decode()}\n\n"
+    ).encode()
+    headers["Cache-Control"] = "no-cache"
+    return web.Response(body=stream, content_type="text/event-stream", headers=headers)
+
+
+def reset_connection(request: web.Request) -> None:
+    """Close the connection with a TCP RST (linger 0), answering nothing."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+@asynccontextmanager
+async def tap_serving(tap: Tap, port: int = 0) -> AsyncIterator[str]:
+    """The tap on 127.0.0.1 (``port``, or a free one); its base URL."""
+    app = web.Application(client_max_size=16 * 1024 * 1024)
+    app.router.add_route("*", "/{path:.*}", tap.handle)
+    # An agent that leaves an event stream ends the tap's relay of it, and so the server's.
+    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1)
+    connector = aiohttp.TCPConnector(limit=0)
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=None)
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False
+    ) as client:
+        tap._client = client
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", port)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()
