@@ -42,6 +42,7 @@ from sidecar.repair.llm_format import (
 )
 from sidecar.repair.llm_prompt import Conversation, LlmRequest, going_on, opening, reask
 from sidecar.repair.redact import Redactor
+from sidecar.repair.scope import OUT_OF_SCOPE, Scope
 from sidecar.telemetry import Hooks
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ class LlmOutcome:
     calls: int  # model calls made; 0 when the cache answered
     refused: Refused | None = None  # why the last answer was refused, when none was accepted
     conversation: Conversation | None = None  # how the model came to the accepted answer
+    out_of_scope: tuple[str, ...] = ()  # the fields an answer touched outside the tool's scope
 
 
 class LlmRepairer:
@@ -98,6 +100,7 @@ class LlmRepairer:
         if remembered is not None:
             return LlmOutcome(remembered, calls=0)
         schema = answer_schema(request.schema, redactor.redacted_names)
+        scope = Scope.of(request, redactor)
         deadline = time.monotonic() + time_left_s
         calls = 0
         refused: Refused | None = None
@@ -120,6 +123,11 @@ class LlmRepairer:
             )
             if checked is not None and checked.answer is not None and refused is None:
                 assert content is not None
+                outside = scope.outside(checked.written)
+                if outside:
+                    # Not asked again: a model that obeyed the tool's text once is not to
+                    # be argued with, and the agent gets the tool's own answer.
+                    return LlmOutcome(None, calls, OUT_OF_SCOPE, out_of_scope=outside)
                 await self._keep(request, cache_key, checked.answer, checked.written)
                 answered = Conversation(
                     (*messages, {"role": "assistant", "content": content}), redactor

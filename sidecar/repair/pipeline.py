@@ -117,7 +117,8 @@ class Repairs:
         answer = asked.answer
         if answer is None:
             if asked.refused is not None:
-                self._hooks.repair_refused(job.route, "llm", asked.refused.kind)
+                why = asked.refused.kind
+                self._hooks.repair_refused(job.route, "llm", why, asked.out_of_scope)
             else:
                 self._hooks.repair_result(job.route, "llm", "failed")
             return Proposal(llm_repairs=used)
