@@ -27,13 +27,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Hashable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from sidecar.repair.cache import SharedAnswers, TtlLru
-from sidecar.repair.llm_answer import LlmAnswer, Refused, check, refusal
+from sidecar.repair.llm_answer import Checked, LlmAnswer, Refused, check, refusal
 from sidecar.repair.llm_format import (
     ResponseFormats,
     answer_schema,
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     import openai
     from openai.types.chat import ChatCompletionMessageParam
 
+_Made = TypeVar("_Made")
 _CACHE_ENTRIES = 1024
 _CACHE_TTL_S = 600.0
 
@@ -84,23 +87,24 @@ class LlmRepairer:
         self._cache: TtlLru[LlmAnswer] = TtlLru(_CACHE_ENTRIES, _CACHE_TTL_S, clock)
         # Each sharing route's answers, as every replica's model gave them: redacted.
         self._shared = shared or {}
+        # Prompts are built here, as many at once as calls may be in flight.
+        self._workers = ThreadPoolExecutor(max_concurrency, thread_name_prefix="llm-prompt")
 
     async def repair(self, request: LlmRequest, time_left_s: float, max_calls: int) -> LlmOutcome:
         """The model's accepted answer with secrets restored, from the cache when the
         failure repeats; a refused answer is sent back with its reason, up to ``max_calls``
         calls in all. A request whose payload the model wrote goes on with its conversation."""
-        cache_key = request.cache_key()
+        # A payload's fingerprint and its prompt cost time linear in its size, which can be
+        # megabytes: worked out off the event loop, which other agents' calls need.
+        cache_key = await self._off_loop(request.cache_key)
         cached = self._cache.get(cache_key)
         if cached is not None and refusal(cached, None, request) is None:
             return LlmOutcome(cached, calls=0)
-        earlier = request.earlier
-        redactor = earlier.redactor if earlier is not None else Redactor()
-        messages = going_on(earlier, request) if earlier else opening(request, redactor)
+        ask = await self._off_loop(lambda: _Ask.of(request))
+        redactor, messages, schema, scope = ask.redactor, ask.messages, ask.schema, ask.scope
         remembered = await self._recalled(request, cache_key, redactor)
         if remembered is not None:
             return LlmOutcome(remembered, calls=0)
-        schema = answer_schema(request.schema, redactor.redacted_names)
-        scope = Scope.of(request, redactor)
         deadline = time.monotonic() + time_left_s
         calls = 0
         refused: Refused | None = None
@@ -111,16 +115,9 @@ class LlmRepairer:
             content = call.content
             checked = check(content, redactor, request) if content is not None else None
             refused = checked.refused if checked is not None else None
-            result = "invalid" if checked is not None and checked.unreadable else call.result
-            # One count per call, and its tokens even when the answer was unusable: they were paid.
-            self._hooks.llm_request(
-                result,
-                time.monotonic() - started,
-                prompt_tokens=getattr(call.usage, "prompt_tokens", 0) or 0,
-                completion_tokens=getattr(call.usage, "completion_tokens", 0) or 0,
-                failure=call.failure or (refused if result == "invalid" else None),
-                response_format=call.form,
-            )
+            self._count(call, checked, started)
+            if call.given_up is not None:
+                return LlmOutcome(None, calls, call.given_up)
             if checked is not None and checked.answer is not None and refused is None:
                 assert content is not None
                 outside = scope.outside(checked.written)
@@ -136,8 +133,27 @@ class LlmRepairer:
             if checked is None or content is None or refused is None or calls >= max_calls:
                 break  # no answer to correct (an error, a timeout), or no call left
             self._hooks.llm_reask(request.route, refused.kind)
-            messages += reask(content, str(refused), request, redactor, checked.written)
+            turns = partial(reask, content, str(refused), request, redactor, checked.written)
+            messages += await self._off_loop(turns)
         return LlmOutcome(None, calls, refused)
+
+    def _count(self, call: _Call, checked: Checked | None, started: float) -> None:
+        """One count per call, and its tokens even when the answer was unusable: they were
+        paid."""
+        refused = checked.refused if checked is not None else None
+        result = "invalid" if checked is not None and checked.unreadable else call.result
+        self._hooks.llm_request(
+            result,
+            time.monotonic() - started,
+            prompt_tokens=getattr(call.usage, "prompt_tokens", 0) or 0,
+            completion_tokens=getattr(call.usage, "completion_tokens", 0) or 0,
+            failure=call.failure or (refused if result == "invalid" else None),
+            response_format=call.form,
+        )
+
+    async def _off_loop(self, work: Callable[[], _Made]) -> _Made:
+        """``work()`` run on one of the repairer's worker threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._workers, work)
 
     async def _recalled(
         self, request: LlmRequest, cache_key: Hashable, redactor: Redactor
@@ -211,6 +227,25 @@ class LlmRepairer:
 
 
 @dataclass(frozen=True, slots=True)
+class _Ask:
+    """What one request's first call is made of: the placeholders for its secrets, the
+    conversation's turns, the answer's schema and the scope its answer must keep to."""
+
+    redactor: Redactor
+    messages: list[ChatCompletionMessageParam]
+    schema: dict[str, Any]
+    scope: Scope
+
+    @classmethod
+    def of(cls, request: LlmRequest) -> _Ask:
+        earlier = request.earlier
+        redactor = earlier.redactor if earlier is not None else Redactor()
+        messages = going_on(earlier, request) if earlier else opening(request, redactor)
+        schema = answer_schema(request.schema, redactor.redacted_names)
+        return cls(redactor, messages, schema, Scope.of(request, redactor))
+
+
+@dataclass(frozen=True, slots=True)
 class _Call:
     """One chat completion: the form it was asked in, its result (``ok``, ``error``,
     ``timeout``, ``invalid``), its content when there is one, the usage it reported, and
@@ -221,6 +256,7 @@ class _Call:
     content: str | None = None
     usage: Any = None
     failure: BaseException | None = None
+    given_up: Refused | None = None  # the answer past its bound: the repair ends here
 
 
 def _shared_key(cache_key: Hashable) -> str:
