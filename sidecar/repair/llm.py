@@ -118,13 +118,13 @@ class LlmRepairer:
             self._count(call, checked, started)
             if call.given_up is not None:
                 return LlmOutcome(None, calls, call.given_up)
+            # Before any other guard, and not asked again: a model that obeyed the tool's text
+            # once is not to be argued with, and the agent gets the tool's own answer.
+            outside = scope.outside(checked.written if checked is not None else None)
+            if outside:
+                return LlmOutcome(None, calls, OUT_OF_SCOPE, out_of_scope=outside)
             if checked is not None and checked.answer is not None and refused is None:
                 assert content is not None
-                outside = scope.outside(checked.written)
-                if outside:
-                    # Not asked again: a model that obeyed the tool's text once is not to
-                    # be argued with, and the agent gets the tool's own answer.
-                    return LlmOutcome(None, calls, OUT_OF_SCOPE, out_of_scope=outside)
                 await self._keep(request, cache_key, checked.answer, checked.written)
                 answered = Conversation(
                     (*messages, {"role": "assistant", "content": content}), redactor
