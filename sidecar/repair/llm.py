@@ -39,9 +39,11 @@ from sidecar.repair.llm_answer import Checked, LlmAnswer, Refused, check, refusa
 from sidecar.repair.llm_format import (
     ResponseFormats,
     answer_schema,
+    answer_tokens,
     refuses_format,
     response_format,
 )
+from sidecar.repair.llm_http import AnswerTooLarge, AnswerUnreadable, too_large_cause
 from sidecar.repair.llm_prompt import Conversation, LlmRequest, going_on, opening, reask
 from sidecar.repair.redact import Redactor
 from sidecar.repair.scope import OUT_OF_SCOPE, Scope
@@ -52,6 +54,11 @@ if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
 
 _Made = TypeVar("_Made")
+Messages = list["ChatCompletionMessageParam"]
+# The repair given up on the model's answer: past SIDECAR_LLM_MAX_ANSWER_BYTES, or cut at
+# its max_tokens. Counted as ``sidecar_repairs_total{layer="llm",result=<kind>}``.
+ANSWER_TOO_LARGE = Refused("answer_too_large", "the answer is past SIDECAR_LLM_MAX_ANSWER_BYTES")
+ANSWER_CUT = Refused("answer_cut", "the answer ran to its max_tokens and was cut")
 _CACHE_ENTRIES = 1024
 _CACHE_TTL_S = 600.0
 
@@ -75,6 +82,7 @@ class LlmRepairer:
         hooks: Hooks,
         *,
         max_concurrency: int,
+        max_answer_tokens: int = 4096,
         clock: Callable[[], float] = time.monotonic,
         shared: Mapping[str, SharedAnswers] | None = None,
     ) -> None:
@@ -83,7 +91,8 @@ class LlmRepairer:
         self._hooks = hooks
         self._slots = asyncio.Semaphore(max_concurrency)
         # The client speaks to one endpoint: what it refused is remembered here.
-        self._formats = ResponseFormats()
+        self._formats = ResponseFormats(clock)
+        self._max_answer_tokens = max_answer_tokens
         self._cache: TtlLru[LlmAnswer] = TtlLru(_CACHE_ENTRIES, _CACHE_TTL_S, clock)
         # Each sharing route's answers, as every replica's model gave them: redacted.
         self._shared = shared or {}
@@ -100,8 +109,8 @@ class LlmRepairer:
         cached = self._cache.get(cache_key)
         if cached is not None and refusal(cached, None, request) is None:
             return LlmOutcome(cached, calls=0)
-        ask = await self._off_loop(lambda: _Ask.of(request))
-        redactor, messages, schema, scope = ask.redactor, ask.messages, ask.schema, ask.scope
+        ask = await self._off_loop(lambda: _Ask.of(request, self._max_answer_tokens))
+        redactor, messages, scope = ask.redactor, ask.messages, ask.scope
         remembered = await self._recalled(request, cache_key, redactor)
         if remembered is not None:
             return LlmOutcome(remembered, calls=0)
@@ -110,7 +119,7 @@ class LlmRepairer:
         refused: Refused | None = None
         while calls < max_calls and deadline > time.monotonic():
             started = time.monotonic()
-            call = await self._complete(messages, schema, deadline - started)
+            call = await self._complete(messages, ask, deadline - started)
             calls += 1
             content = call.content
             checked = check(content, redactor, request) if content is not None else None
@@ -185,18 +194,14 @@ class LlmRepairer:
             as_written = LlmAnswer(answer.can_fix, answer.is_transient, written)
             await shared.cache(_shared_key(cache_key), as_written.to_json(), _CACHE_TTL_S)
 
-    async def _complete(
-        self,
-        messages: list[ChatCompletionMessageParam],
-        schema: dict[str, Any],
-        time_left_s: float,
-    ) -> _Call:
+    async def _complete(self, messages: Messages, ask: _Ask, time_left_s: float) -> _Call:
         """One chat completion in the best form the endpoint takes, falling back at once
-        past a form it refuses."""
+        past a form it refuses; the answer cut at ``ask.max_tokens``."""
         import openai  # loaded with the client; see ``app.llm_client_for``
 
         form = self._formats.current
         try:
+            # The whole call, its answer read and inflated, within the time left.
             async with asyncio.timeout(time_left_s):
                 async with self._slots:
                     while True:
@@ -205,7 +210,8 @@ class LlmRepairer:
                                 model=self._model,
                                 messages=messages,
                                 temperature=0.1,
-                                response_format=response_format(form, schema),
+                                max_tokens=ask.max_tokens,
+                                response_format=response_format(form, ask.schema),
                             )
                             break
                         except openai.APIStatusError as exc:
@@ -213,14 +219,21 @@ class LlmRepairer:
                                 raise
                             self._hooks.llm_format_refused(form, exc.status_code)
                             form = self._formats.current
-            content = completion.choices[0].message.content
+            choice = completion.choices[0]
+            content = choice.message.content
         except (TimeoutError, openai.APITimeoutError) as exc:
             return _Call(form, "timeout", failure=exc)
-        except openai.OpenAIError as exc:
+        except (openai.OpenAIError, AnswerTooLarge, AnswerUnreadable) as exc:
+            too_large = too_large_cause(exc)
+            if too_large is not None:
+                return _Call(form, "error", failure=too_large, given_up=ANSWER_TOO_LARGE)
             return _Call(form, "error", failure=exc)
         except (AttributeError, IndexError, TypeError, ValueError) as exc:
             # A server that does not speak chat completions.
             return _Call(form, "invalid", failure=exc)
+        if choice.finish_reason == "length":
+            cut = AnswerCut(f"the answer reached max_tokens ({ask.max_tokens})")
+            return _Call(form, "invalid", usage=completion.usage, failure=cut, given_up=ANSWER_CUT)
         if not isinstance(content, str):
             return _Call(form, "invalid", usage=completion.usage)
         return _Call(form, "ok", content, completion.usage)
@@ -232,17 +245,24 @@ class _Ask:
     conversation's turns, the answer's schema and the scope its answer must keep to."""
 
     redactor: Redactor
-    messages: list[ChatCompletionMessageParam]
+    messages: Messages
     schema: dict[str, Any]
     scope: Scope
+    max_tokens: int
 
     @classmethod
-    def of(cls, request: LlmRequest) -> _Ask:
+    def of(cls, request: LlmRequest, max_answer_tokens: int) -> _Ask:
         earlier = request.earlier
         redactor = earlier.redactor if earlier is not None else Redactor()
         messages = going_on(earlier, request) if earlier else opening(request, redactor)
         schema = answer_schema(request.schema, redactor.redacted_names)
-        return cls(redactor, messages, schema, Scope.of(request, redactor))
+        scope = Scope.of(request, redactor)
+        max_tokens = answer_tokens(len(orjson.dumps(scope.shown, default=str)), max_answer_tokens)
+        return cls(redactor, messages, schema, scope, max_tokens)
+
+
+class AnswerCut(Exception):
+    """The model's answer ran to ``max_tokens`` and was cut there."""
 
 
 @dataclass(frozen=True, slots=True)
