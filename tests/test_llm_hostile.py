@@ -320,3 +320,61 @@ async def test_a_repair_within_the_tools_scope_still_reaches_it(
         {**TRANSFER, "currency": "EUR"},
     ]
     assert "hunter2" not in json.dumps(llm.requests)
+
+
+# Each credential form the agent may send, by its value: none may reach the model, wherever
+# the tool's answer echoes it.
+SENT_HEADERS = {
+    "X-Api-Key": "hdr-apikey-0001",
+    "X-Auth-Token": "hdr-authtoken-0002",
+    "Cookie": "sid=cookie-value-0003; theme=darkmode",
+    "Authorization": "Bearer bearer-value-0004",
+    "X-Note": "no-credential-here",
+}
+SENT_QUERY = {
+    "private_key": "query-privkey-0005",
+    "sessionkey": "query-sesskey-0006",
+    "jwt": "eyJhbGciOi.query-jwt-0007",
+    "token": "query-token-0008",
+    "api_key": "query-apikey-0009",
+}
+SENT_VALUES = (
+    *(value for name, value in SENT_HEADERS.items() if "=" not in value and name != "X-Note"),
+    "cookie-value-0003",
+    "bearer-value-0004",
+    *SENT_QUERY.values(),
+)
+
+
+@pytest.mark.parametrize("form", ["envelope", "plain-text"])
+async def test_an_agents_credentials_echoed_by_the_tool_never_reach_the_model(
+    make_tool, make_sidecar, make_llm, form
+):
+    async def echoing(request: web.Request) -> web.Response:
+        echo = " ".join(f"{name}={value}" for name, value in request.headers.items())
+        echo += " " + " ".join(value for value in request.query.values())
+        if form == "plain-text":
+            return web.Response(text="invalid value for location; request was " + echo, status=400)
+        error = {
+            "code": "BAD_LOCATION",
+            "message": "invalid value for location; request was " + echo,
+            "category": "INPUT_ERROR",
+            "retryable": True,
+            "details": {"field": "location", "seen": dict(request.headers), "query": echo},
+        }
+        return web.json_response({"success": False, "error": error}, status=400)
+
+    tool = await make_tool(echoing)
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    await sidecar.client.post(
+        "/w", params=SENT_QUERY, headers=SENT_HEADERS, json={"location": "Flower Mound, TX"}
+    )
+
+    assert len(llm.requests) == 1
+    prompt = json.dumps(llm.requests)
+    assert "request was" in prompt
+    for value in SENT_VALUES:
+        assert value not in prompt, value
+    assert "no-credential-here" in prompt, "a value that is no credential stays"

@@ -253,7 +253,7 @@ class _Ask:
     @classmethod
     def of(cls, request: LlmRequest, max_answer_tokens: int) -> _Ask:
         earlier = request.earlier
-        redactor = earlier.redactor if earlier is not None else Redactor()
+        redactor = earlier.redactor if earlier is not None else Redactor(request.sent_secrets)
         messages = going_on(earlier, request) if earlier else opening(request, redactor)
         schema = answer_schema(request.schema, redactor.redacted_names)
         scope = Scope.of(request, redactor)

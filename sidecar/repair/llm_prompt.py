@@ -80,6 +80,8 @@ class LlmRequest:
     tried: Collection[str]  # fingerprints of the payloads already sent
     # The conversation that wrote ``payload``, when the tool refused the model's payload.
     earlier: Conversation | None = None
+    # The credentials the agent sent in its headers and query: masked wherever they appear.
+    sent_secrets: tuple[str, ...] = ()
 
     def cache_key(self) -> Hashable:
         """Equal only for the same failure of the same operation with the same payload: a

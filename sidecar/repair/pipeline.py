@@ -16,9 +16,11 @@ from sidecar.repair.coercion import coerce
 from sidecar.repair.llm import LlmRepairer
 from sidecar.repair.llm_prompt import LlmRequest
 from sidecar.repair.payload import Payload, fingerprint
+from sidecar.repair.redact import sent_secrets
 from sidecar.repair.schemas import SchemaStore
 from sidecar.telemetry import Hooks
 from sidecar.tool.envelopes import Reply
+from sidecar.transport.exchange import UpstreamRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +28,7 @@ class RepairJob:
     """One failed attempt that calls for a repair."""
 
     route: str
-    method: str
+    request: UpstreamRequest  # the call as the agent made it: its headers and query too
     path: str
     payload: Payload
     reply: Reply
@@ -36,6 +38,10 @@ class RepairJob:
     tried: Collection[str]
     llm_repairs_left: int  # model calls (a cached answer counts as one) it may still use
     time_left_s: float
+
+    @property
+    def method(self) -> str:
+        return self.request.method
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,4 +160,5 @@ class Repairs:
             intent=job.intent,
             tried=job.tried,
             earlier=job.payload.conversation,
+            sent_secrets=sent_secrets(job.request.headers, job.request.url.query),
         )
