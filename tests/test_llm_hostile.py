@@ -10,6 +10,7 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
+from sidecar.repair.llm_prompt import MAX_PROMPT_PAYLOAD_BYTES
 from tests.conftest import completion, scripted
 from tests.test_repair import CORRECT_CITY, fix, location_tool
 
@@ -195,8 +196,8 @@ async def test_a_long_run_of_words_and_dashes_is_read_into_the_prompt_in_one_pas
     make_tool, make_sidecar, make_llm
 ):
     # Each "a" could start a URL scheme: a scheme matched without bound made this one string
-    # cost time quadratic in its length (past 10 minutes, the event loop held all along).
-    run = "a-" * 500_000
+    # cost time quadratic in its length (minutes, the event loop held all along).
+    run = "a-" * 30_000
     tool = await make_tool(location_tool())
     llm = await make_llm(fix({}, can_fix=False))
     sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
@@ -205,6 +206,56 @@ async def test_a_long_run_of_words_and_dashes_is_read_into_the_prompt_in_one_pas
 
     assert response.status == 404
     assert llm.prompt()["failed_payload"]["note"] == run
+
+
+async def test_a_payload_too_large_for_a_prompt_gets_the_tools_answer_without_a_call(
+    make_tool, make_sidecar, make_llm
+):
+    tool = await make_tool(location_tool())
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+    note = "x" * MAX_PROMPT_PAYLOAD_BYTES
+
+    with capture_logs() as logs:
+        response = await sidecar.client.post(
+            "/w", json={"location": "Flower Mound, TX", "note": note}
+        )
+
+    assert response.status == 404
+    assert response.headers["X-Sidecar-Trail"] == "404 repair=none"
+    assert llm.requests == []
+    labels = {"route": "default", "layer": "llm", "result": "prompt_too_large"}
+    assert sidecar.metric("sidecar_repairs_total", **labels) == 1
+    assert [entry["reason"] for entry in logs if entry["event"] == "repair_refused"] == [
+        "prompt_too_large"
+    ]
+
+
+async def test_a_tools_thousands_of_details_are_cut_whole_in_the_prompt(
+    make_tool, make_sidecar, make_llm
+):
+    # 7,000 details, well inside the 256 KiB of an answer the sidecar reads.
+    details = {f"f{index}": f"bad {index}" for index in range(7000)}
+    error = {
+        "code": "BAD",
+        "message": "location is wrong",
+        "category": "INPUT_ERROR",
+        "retryable": True,
+        "details": details,
+    }
+    answer = {"success": False, "error": error}
+    tool = await make_tool(scripted(lambda: web.json_response(answer, status=400)))
+    llm = await make_llm(fix({}, can_fix=False))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    await sidecar.client.post("/w", json={"location": "Flower Mound, TX"})
+
+    shown = llm.prompt()["tool_answer"]["error"]["details"]
+    kept = {key: value for key, value in shown.items() if key != "…"}
+    assert 100 < len(kept) < 500
+    assert kept == {key: details[key] for key in list(details)[: len(kept)]}
+    assert shown["…"] == f"{7000 - len(kept)} more details left out"
+    assert len(llm.requests[0]["messages"][-1]["content"]) < 16 * 1024
 
 
 INJECTION = (

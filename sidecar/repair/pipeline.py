@@ -14,7 +14,7 @@ from sidecar.config.values import RepairLevel
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
 from sidecar.repair.llm import LlmRepairer
-from sidecar.repair.llm_prompt import LlmRequest
+from sidecar.repair.llm_prompt import MAX_PROMPT_PAYLOAD_BYTES, LlmRequest
 from sidecar.repair.payload import Payload, fingerprint
 from sidecar.repair.redact import sent_secrets
 from sidecar.repair.schemas import SchemaStore
@@ -115,6 +115,9 @@ class Repairs:
         schema: dict[str, Any] | None,
     ) -> Proposal:
         """The model's correction of ``document`` as a proposal, or its decline."""
+        if len(job.payload.body) > MAX_PROMPT_PAYLOAD_BYTES:
+            self._hooks.repair_refused(job.route, "llm", "prompt_too_large")
+            return Proposal()
         request = self._llm_request(job, document, schema)
         asked = await llm.repair(request, job.time_left_s, job.llm_repairs_left)
         # Each model call is one of the request's LLM repairs, and so is a cached answer: the

@@ -10,7 +10,7 @@ values back wherever the model kept a placeholder.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from multidict import MultiMapping
@@ -19,10 +19,13 @@ from sidecar.credentials import is_secret_name, mask_credentials
 
 # Shorter secret values (a 4-digit PIN) would match ordinary text far too often.
 _MIN_ECHOED_SECRET = 6
-# How many leading characters the echo pattern branches on, one group per character: past
-# them, the secrets left are few, and tried in turn. Every secret is longer than this, so
-# each branch holds a whole secret's tail, and the pattern never nests deeper than this.
-_TRIE_DEPTH = 4
+# The echo pattern's shape: a trie that branches until a branch holds this few secrets,
+# tried in turn, and nests no deeper than ``_TRIE_DEPTH`` groups (Python's regex parser
+# recurses once a group).
+_TRIED_IN_TURN = 8
+_TRIE_DEPTH = 24
+# How much of each secret the echo pattern holds; the rest is checked in a set.
+_KEY = 12
 _COOKIE_PAIRS = re.compile(r"[;,]\s*")
 _PLACEHOLDER = re.compile(r"<redacted-\d+>")
 
@@ -56,7 +59,7 @@ class Redactor:
         self.redacted_names: set[str] = set()
         # Every secret long enough to look for in text, as one pattern; made again only
         # when a secret was learnt since (a few times a prompt, not once a string).
-        self._echoes: re.Pattern[str] | None = None
+        self._echoes: _Echoes | None = None
         self._echoes_of = -1
         # The secrets looked for in text: those learnt, and the agent's own credentials,
         # which get a placeholder only where they are found.
@@ -110,23 +113,13 @@ class Redactor:
         """
         text = mask_credentials(text, self._placeholder)
         echoes = self._echo_pattern()
-        if echoes is None:
-            return text
-        return echoes.sub(lambda found: self._placeholder(found[0]), text)
+        return text if echoes is None else echoes.replaced(text, self._placeholder)
 
-    def _echo_pattern(self) -> re.Pattern[str] | None:
-        """One pattern for every secret known, longest first where one starts another.
-
-        One ``str.replace`` per secret made redaction cost (secrets × text): 21 s for a
-        16,000-field payload. The secrets as one alternation would cost the same inside
-        the regex engine, which tries each alternative at each position; shaped as a trie
-        on their first characters, each position costs a few character tests whatever the
-        number of secrets, so a text is read in one pass.
-        """
+    def _echo_pattern(self) -> _Echoes | None:
+        """Every secret known, to look for in text: made again only when one was learnt."""
         if self._echoes_of != len(self._echoable):
             self._echoes_of = len(self._echoable)
-            echoed = list(self._echoable)
-            self._echoes = re.compile(_trie(echoed, _TRIE_DEPTH)) if echoed else None
+            self._echoes = _Echoes(self._echoable) if self._echoable else None
         return self._echoes
 
     def restore(self, value: Any) -> Any:
@@ -160,15 +153,87 @@ class Redactor:
         return self._placeholders[secret]
 
 
+class _Echoes:
+    """Secrets found in text in one pass, wherever they appear, the longest first.
+
+    One ``str.replace`` per secret made redaction cost (secrets × text): 21 s for a
+    16,000-field payload. One regular expression of the secrets reads a text once, but
+    Python compiles one at about 5 µs a character: 2.7 s for 8,000 secrets of 60. So the
+    expression holds only each secret's first ``_KEY`` characters, shaped as a trie (each
+    position costs a few character tests, whatever the number of secrets), and a key found
+    is checked against the secrets that start with it, by length, in a set.
+    """
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        groups: dict[str, set[str]] = {}
+        for secret in secrets:
+            groups.setdefault(secret[:_KEY], set()).add(secret)
+        self._by_key = {
+            key: (sorted({len(secret) for secret in group}, reverse=True), frozenset(group))
+            for key, group in groups.items()
+        }
+        self._pattern = re.compile(_trie(list(groups), _TRIE_DEPTH))
+
+    def replaced(self, text: str, placeholder: Callable[[str], str]) -> str:
+        """``text`` with each secret in it replaced by ``placeholder(secret)``."""
+        pieces: list[str] = []
+        kept = at = 0
+        while (found := self._pattern.search(text, at)) is not None:
+            start = found.start()
+            secret = self._secret_at(text, start, found[0])
+            if secret is None:
+                at = start + 1
+                continue
+            pieces += (text[kept:start], placeholder(secret))
+            kept = at = start + len(secret)
+        if not pieces:
+            return text
+        pieces.append(text[kept:])
+        return "".join(pieces)
+
+    def _secret_at(self, text: str, start: int, key: str) -> str | None:
+        """The longest secret at ``start`` of those whose key is ``key`` or starts it (a
+        key shorter than ``_KEY`` is a whole secret)."""
+        for size in range(len(key), _MIN_ECHOED_SECRET - 1, -1):
+            group = self._by_key.get(key[:size])
+            if group is None:
+                continue
+            lengths, secrets = group
+            for length in lengths:
+                if text[start : start + length] in secrets:
+                    return text[start : start + length]
+        return None
+
+
 def _trie(secrets: list[str], depth: int) -> str:
-    """An alternation matching each of ``secrets``, branching on their first ``depth``
-    characters; each is longer than ``depth``, so no branch is left empty."""
-    if depth == 0 or len(secrets) == 1:
+    """An alternation matching each of ``secrets``, the longest where one starts another,
+    shaped as a trie: their common start once, then a branch per next character, until a
+    branch holds few enough to try in turn, or ``depth`` groups are nested."""
+    if len(secrets) <= _TRIED_IN_TURN or depth == 0:
         return "|".join(re.escape(secret) for secret in sorted(secrets, key=len, reverse=True))
+    # What the first and the last in order share, all share; the first is the shorter
+    # when one starts the other.
+    low, high = min(secrets), max(secrets)
+    pairs = enumerate(zip(low, high, strict=False))
+    shared = next((at for at, (a, b) in pairs if a != b), len(low))
+    common = low[:shared]
+    tails = [secret[len(common) :] for secret in secrets]
+    longer = [tail for tail in tails if tail]
+    if common:
+        inner = _trie(longer, depth - 1) if longer else ""
+        # A secret that ends where others go on: theirs are tried first, greedily.
+        optional = "?" if len(longer) < len(tails) else ""
+        return re.escape(common) + (f"(?:{inner}){optional}" if inner else "")
     by_first: dict[str, list[str]] = {}
-    for secret in secrets:
-        by_first.setdefault(secret[0], []).append(secret[1:])
-    return "|".join(
-        re.escape(first) + "(?:" + _trie(tails, depth - 1) + ")"
-        for first, tails in by_first.items()
-    )
+    for tail in tails:
+        by_first.setdefault(tail[0], []).append(tail[1:])
+    return "|".join(_branch(first, rest, depth) for first, rest in by_first.items())
+
+
+def _branch(first: str, rests: list[str], depth: int) -> str:
+    """The branch of the secrets starting with ``first``, followed by ``rests``."""
+    longer = [rest for rest in rests if rest]
+    if not longer:
+        return re.escape(first)
+    optional = "?" if len(longer) < len(rests) else ""
+    return re.escape(first) + f"(?:{_trie(longer, depth - 1)}){optional}"

@@ -27,8 +27,11 @@ KNOWN_METHODS = frozenset(
 
 # The repair layer's refusals counted under their own ``result`` of ``sidecar_repairs_total``
 # (every other refused proposal counts as ``failed``): a model's proposal that touched a
-# field the tool did not name, and a model's answer given up past its byte or token bound.
-REFUSALS_COUNTED_APART = frozenset({"out_of_scope", "answer_too_large", "answer_cut"})
+# field the tool did not name, a model's answer given up past its byte or token bound, and
+# a payload too large to put in a prompt.
+REFUSALS_COUNTED_APART = frozenset(
+    {"out_of_scope", "answer_too_large", "answer_cut", "prompt_too_large"}
+)
 
 
 def method_label(method: str) -> str:
