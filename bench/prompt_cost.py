@@ -46,7 +46,7 @@ elif case == "7000-details":
     payload = {"location": "Flower Mound, TX"}
     details = {f"f{index}": f"bad {index}" for index in range(7000)}
 else:  # the largest body the contract allows: SIDECAR_MAX_BODY_BYTES, 10 MiB
-    payload, details = fields(160_000, 64), {"field": "note_1"}
+    payload, details = fields(124_000, 64), {"field": "note_1"}
 body = json.dumps(payload)
 failure = ToolFailure("gomind", "BAD", "note_1 is wrong", "INPUT_ERROR", True, details)
 request = LlmRequest("POST", "r", "/p", "/p", 422, failure, "", payload, None, 1, None, ())
