@@ -3,6 +3,7 @@ refused answer form held back for a while, not for the process's life."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import tracemalloc
@@ -200,3 +201,34 @@ async def test_a_refused_answer_form_is_asked_for_again_after_a_while(
         "json_object_schema",
         "json_schema",
     ]
+
+
+async def test_an_answer_that_trickles_in_is_cut_at_the_llm_timeout(
+    make_tool, make_sidecar, aiohttp_server
+):
+    written = 0
+
+    async def trickling(request: web.Request) -> web.StreamResponse:
+        nonlocal written
+        # Each byte well inside the client's read timeout, the whole far past the call's.
+        answer = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await answer.prepare(request)
+        for _ in range(200):
+            await answer.write(b" ")
+            written += 1
+            await asyncio.sleep(0.05)
+        return answer
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", trickling)
+    llm = await aiohttp_server(app)
+    tool = await make_tool(location_tool())
+    sidecar = await make_sidecar(
+        tool, llm_base_url=str(llm.make_url("/v1")), llm_timeout_ms=300, llm_max_repairs=1
+    )
+
+    response = await sidecar.client.post("/w", json={"location": "Flower Mound, TX"})
+
+    assert response.status == 404, "the tool's answer"
+    assert sidecar.metric("sidecar_llm_requests_total", result="timeout") == 1
+    assert written < 200, "the call was cut before the answer ended"

@@ -83,6 +83,7 @@ class LlmRepairer:
         *,
         max_concurrency: int,
         max_answer_tokens: int = 4096,
+        call_timeout_s: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         shared: Mapping[str, SharedAnswers] | None = None,
     ) -> None:
@@ -93,6 +94,9 @@ class LlmRepairer:
         # The client speaks to one endpoint: what it refused is remembered here.
         self._formats = ResponseFormats(clock)
         self._max_answer_tokens = max_answer_tokens
+        # The client's own timeout bounds each read, not the call: an answer that trickles
+        # in could outlast it many times over.
+        self._call_timeout_s = call_timeout_s
         self._cache: TtlLru[LlmAnswer] = TtlLru(_CACHE_ENTRIES, _CACHE_TTL_S, clock)
         # Each sharing route's answers, as every replica's model gave them: redacted.
         self._shared = shared or {}
@@ -160,6 +164,10 @@ class LlmRepairer:
             response_format=call.form,
         )
 
+    def close(self) -> None:
+        """Let the worker threads go; a prompt being built is not waited for."""
+        self._workers.shutdown(wait=False, cancel_futures=True)
+
     async def _off_loop(self, work: Callable[[], _Made]) -> _Made:
         """``work()`` run on one of the repairer's worker threads."""
         return await asyncio.get_running_loop().run_in_executor(self._workers, work)
@@ -201,8 +209,9 @@ class LlmRepairer:
 
         form = self._formats.current
         try:
-            # The whole call, its answer read and inflated, within the time left.
-            async with asyncio.timeout(time_left_s):
+            # The whole call, its answer read and inflated, within SIDECAR_LLM_TIMEOUT_MS
+            # and the time the request has left.
+            async with asyncio.timeout(min(time_left_s, self._call_timeout_s)):
                 async with self._slots:
                     while True:
                         try:

@@ -141,9 +141,11 @@ async def _start_engine(
             hooks,
             max_concurrency=settings.llm_max_concurrency,
             max_answer_tokens=settings.llm_max_answer_tokens,
+            call_timeout_s=settings.llm_timeout_ms / 1000,
             clock=clock,
             shared=state.by_route(routes) if state is not None else None,
         )
+        held.callback(repairer.close)
     schemas = await _load_schemas(held, settings, routes, hooks)
     return Engine(
         pool,
