@@ -429,3 +429,38 @@ async def test_an_agents_credentials_echoed_by_the_tool_never_reach_the_model(
     for value in SENT_VALUES:
         assert value not in prompt, value
     assert "no-credential-here" in prompt, "a value that is no credential stays"
+
+
+async def test_a_remembered_answer_is_held_to_the_scope_of_the_failure_it_is_offered_for(
+    make_tool, make_sidecar, make_llm
+):
+    def refusing(field: str):
+        error = {
+            "code": "INVALID",
+            "message": "invalid value",
+            "category": "INPUT_ERROR",
+            "retryable": True,
+            "details": {"field": field},
+        }
+        return lambda: web.json_response({"success": False, "error": error}, status=400)
+
+    # The same failure to the cache (status, code, message, payload); its details name
+    # another field the second time.
+    tool = await make_tool(
+        scripted(refusing("a"), lambda: web.json_response({"success": True}), refusing("b"))
+    )
+    llm = await make_llm(fix({"a": 2, "b": 1}))
+    sidecar = await make_sidecar(tool, llm_base_url=llm.base_url)
+
+    first = await sidecar.client.post("/w", json={"a": 1, "b": 1})
+    second = await sidecar.client.post("/w", json={"a": 1, "b": 1})
+
+    assert (first.status, second.status) == (200, 400)
+    assert [orjson.loads(seen.body) for seen in tool.seen] == [
+        {"a": 1, "b": 1},
+        {"a": 2, "b": 1},
+        {"a": 1, "b": 1},
+    ]
+    assert len(llm.requests) == 1, "the second answer came from the cache, and was refused"
+    labels = {"route": "default", "layer": "llm", "result": "out_of_scope"}
+    assert sidecar.metric("sidecar_repairs_total", **labels) == 1

@@ -110,12 +110,12 @@ class LlmRepairer:
         # A payload's fingerprint and its prompt cost time linear in its size, which can be
         # megabytes: worked out off the event loop, which other agents' calls need.
         cache_key = await self._off_loop(request.cache_key)
-        cached = self._cache.get(cache_key)
-        if cached is not None and refusal(cached, None, request) is None:
-            return LlmOutcome(cached, calls=0)
+        cached = await self._cached(request, cache_key)
+        if cached is not None:
+            return cached
         ask = await self._off_loop(lambda: _Ask.of(request, self._max_answer_tokens))
         redactor, messages, scope = ask.redactor, ask.messages, ask.scope
-        remembered = await self._recalled(request, cache_key, redactor)
+        remembered = await self._recalled(request, cache_key, ask)
         if remembered is not None:
             return LlmOutcome(remembered, calls=0)
         deadline = time.monotonic() + time_left_s
@@ -172,17 +172,31 @@ class LlmRepairer:
         """``work()`` run on one of the repairer's worker threads."""
         return await asyncio.get_running_loop().run_in_executor(self._workers, work)
 
+    async def _cached(self, request: LlmRequest, cache_key: Hashable) -> LlmOutcome | None:
+        """This process's answer to the same failure, if it passes the guards and the scope
+        this answer of the tool's sets (the details, which the key leaves out, may name
+        other fields)."""
+        cached = self._cache.get(cache_key)
+        if cached is None or refusal(cached, None, request) is not None:
+            return None
+        outside = await self._off_loop(partial(_outside_scope, request, cached))
+        if outside:
+            return LlmOutcome(None, 0, OUT_OF_SCOPE, out_of_scope=outside)
+        return LlmOutcome(cached, calls=0)
+
     async def _recalled(
-        self, request: LlmRequest, cache_key: Hashable, redactor: Redactor
+        self, request: LlmRequest, cache_key: Hashable, ask: _Ask
     ) -> LlmAnswer | None:
         """An answer another replica's model gave to the same failure, with the secrets put
-        back: ``redactor`` has seen the payload, so its placeholders are the ones stored."""
+        back: ``ask.redactor`` has seen the payload, so its placeholders are the ones
+        stored; one out of this failure's scope is not taken."""
         shared = self._shared.get(request.route)
         stored = await shared.cached(_shared_key(cache_key)) if shared is not None else None
         if stored is None:
             return None
-        remembered = LlmAnswer.from_json(stored).restored(redactor)
-        if refusal(remembered, None, request) is not None:
+        written = LlmAnswer.from_json(stored)
+        remembered = written.restored(ask.redactor)
+        if refusal(remembered, None, request) is not None or ask.scope.outside(written.corrected):
             return None
         self._cache.put(cache_key, remembered)
         return remembered
@@ -286,6 +300,18 @@ class _Call:
     usage: Any = None
     failure: BaseException | None = None
     given_up: Refused | None = None  # the answer past its bound: the repair ends here
+
+
+def _outside_scope(request: LlmRequest, answer: LlmAnswer) -> tuple[str, ...]:
+    """The fields a remembered ``answer`` touches outside the scope of ``request``'s failure:
+    its secrets made placeholders again by the redactor that shows the payload, so one
+    copied to another field shows as a placeholder moved."""
+    if answer.corrected is None:
+        return ()
+    earlier = request.earlier
+    redactor = earlier.redactor if earlier is not None else Redactor(request.sent_secrets)
+    scope = Scope.of(request, redactor)
+    return scope.outside(redactor.redact(answer.corrected))
 
 
 def _shared_key(cache_key: Hashable) -> str:
