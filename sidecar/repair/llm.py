@@ -11,12 +11,17 @@ whole answer, the call's method, route and path and the attempt number — never
 declines, even beside a right payload), held to that shape by the endpoint where it can
 (``llm_format``: ``corrected_payload`` constrained by the tool's schema).
 
-It is refused unless ``corrected_payload`` is a JSON object that is new, fits the schema
-and is at most four times the original's size (``llm_answer``). A refused answer is not
+It is refused, first and for good, when it touches a field the tool's answer did not name
+(``scope``); and unless ``corrected_payload`` is a JSON object that is new, fits the schema
+and is at most four times the original's size (``llm_answer``). A refusal of that kind is not
 the end: the model is told exactly why, as the next turn of the same conversation, and
 asked again while the request's LLM calls last; and when the tool refuses the payload it
 wrote, the next ask goes on in that conversation too. The model can change the payload of
 this call and nothing else: not its target, method or headers.
+
+Each call carries a ``max_tokens`` sized for its payload, and its answer is read and inflated
+to a bound (``llm_http``) within ``SIDECAR_LLM_TIMEOUT_MS``; past either, the repair is given
+up. Prompts are built on worker threads, off the event loop.
 
 This module owns the conversation: the calls, their counts, the forms the endpoint takes,
 and the answers remembered.
