@@ -16,7 +16,8 @@ from yarl import URL
 _SECRET_NAME = re.compile(
     r"password|passwd|passphrase|(^|[-_])pass$|secret|credential|private[-_]?key|apikey"
     r"|(^|[-_])(api[-_]?)?key$|(^|[-_])((access|refresh|id|auth|api|bearer|session|csrf)[-_]?)?"
-    r"token$|^auth(orization)?$|cookie|session[-_]?id|signature|(^|[-_])(sig|otp|pin)$",
+    r"token$|^auth(orization)?$|cookie|session[-_]?(id|key)|signature|(^|[-_])(sig|otp|pin)$"
+    r"|(^|[-_])jwt$",
     re.IGNORECASE,
 )
 

@@ -640,9 +640,10 @@ async def test_an_instruction_injected_by_the_tool_is_only_ever_data(
         in orjson.loads(user["content"])["tool_answer"]["error"]["message"]
     )
     assert "sk-9999999" not in user["content"]
-    second = tool.seen[1]
-    assert (second.method, second.raw_path) == ("POST", "/search?q=1")
+    # The tool named no field: the model may change values, never add one.
+    assert len(tool.seen) == 1
     assert response.status == 400
+    assert response.headers["X-Sidecar-Trail"] == "400 repair=none"
 
 
 async def test_schema_from_a_url_and_a_broken_schema(make_tool, make_sidecar, tmp_path):

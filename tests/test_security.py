@@ -17,6 +17,7 @@ from structlog.testing import capture_logs
 
 from sidecar.config import TUNING_FIELDS, ConfigError, Settings, load_settings
 from sidecar.serve.app import create_admin_app
+from tests.conftest import completion
 from tests.rawhttp import raw_exchange
 
 pytestmark = pytest.mark.security
@@ -228,20 +229,18 @@ async def test_secrets_never_reach_logs_metrics_or_prompts(make_tool, make_sidec
             status=404,
         )
 
-    tool = await make_tool(busy_then_picky)
-    llm = await make_llm(
-        {
+    async def keeps_the_placeholders() -> web.Response:
+        shown = llm.prompt()["failed_payload"]
+        answer = {
             "can_fix": True,
             "analysis": "x",
-            "corrected_payload": {
-                "city": "Tokyo, Japan",
-                "api_key": "<redacted-1>",
-                "password": "<redacted-2>",
-                "webhook": "https://hooks/x?token=<redacted-3>",
-            },
+            "corrected_payload": {**shown, "city": "Tokyo, Japan"},
             "is_transient": False,
         }
-    )
+        return completion(json.dumps(answer))
+
+    tool = await make_tool(busy_then_picky)
+    llm = await make_llm(keeps_the_placeholders)
     sidecar = await make_sidecar(tool, llm_base_url=llm.base_url, log_level="debug")
 
     with capture_logs() as logs:

@@ -265,6 +265,10 @@ class Settings(Tuning, BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_ms: DurationMs = Field(10000, gt=0)
     llm_max_concurrency: Count = Field(4, ge=1)
+    # What is read and inflated of one answer of the model's endpoint; a repair holds one.
+    llm_max_answer_bytes: Count = Field(1024 * 1024, ge=1024)
+    # The most ``max_tokens`` a call asks for; less for a small payload (``llm_format``).
+    llm_max_answer_tokens: Count = Field(4096, ge=64)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
     access_log: bool = False

@@ -11,19 +11,22 @@ the message quotes.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
 
 from sidecar.repair.redact import Redactor
-from sidecar.tool.envelopes import ToolFailure
+from sidecar.tool.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
 from sidecar.tool.json_value import parse_json
 from sidecar.tool.validation import pydantic_errors
 
 _MAX_FIELDS = 3
 _MAX_WORDS = 600
-_FIELD_DETAILS = ("field", "param", "parameter", "property", "path")
+FIELD_DETAILS = ("field", "param", "parameter", "property", "path")
+_WORD = re.compile(r"\w+")
+# Every run between two single quotes, overlapping: "it's 'Paris'" holds "Paris".
+_QUOTED = re.compile(r"(?='([^']*)')")
 _GO_UNMARSHAL = re.compile(
     r"json: cannot unmarshal (\w+) into Go (?:struct field ([\w.]+)|value) of type ([\w.\[\]*]+)"
 )
@@ -72,7 +75,7 @@ def at_fault(
             for error in in_body[:_MAX_FIELDS]
         ]
     # Cut once redacted: a secret the tool echoes across the cut is not shown in part.
-    words = redactor.redact_text(_words(failure, body_text))[:_MAX_WORDS]
+    words = redactor.redact_text(words_of(failure, body_text))[:_MAX_WORDS]
     go = _GO_UNMARSHAL.search(words)
     if go is not None and go[2]:
         wants = next((said for kind, said in _GO_WANTS if kind.fullmatch(go[3])), None)
@@ -125,14 +128,22 @@ def _without_body(location: list[Any]) -> list[Any]:
     return location[1:] if location[:1] == ["body"] else location
 
 
-def _words(failure: ToolFailure | None, body_text: str) -> str:
-    """The tool's words: its message and every hint its details give, or its body's text."""
+def words_of(failure: ToolFailure | None, body_text: str) -> str:
+    """The tool's words: its message and the hints its details give, or its body's text.
+
+    Details are taken whole, in order, until the words pass ``TEXT_SAMPLE_BYTES``: 7,000 of
+    them cost 1.4 s a request read whole, and no cut falls inside one (a secret it echoes
+    is redacted whole, never shown in part)."""
     if failure is None:
         return " ".join(body_text.split())
     parts = [failure.message]
+    size = len(failure.message)
     for key, value in failure.details.items():
+        if size > TEXT_SAMPLE_BYTES:
+            break
         said = value if isinstance(value, str) else orjson.dumps(value, default=str).decode()
         parts.append(f"{key}: {said}")
+        size += len(parts[-1])
     return "; ".join(part for part in parts if part)
 
 
@@ -148,32 +159,49 @@ def _extra_words(body_text: str) -> str:
 def _named(failure: ToolFailure | None, words: str, payload: dict[str, Any]) -> Iterator[str]:
     """The fields the tool names, the surest first."""
     details: Mapping[str, Any] = failure.details if failure is not None else {}
-    for key in _FIELD_DETAILS:
+    for key in FIELD_DETAILS:
         if isinstance(details.get(key), str) and details[key]:
             yield details[key].removeprefix("body.")
+    yield from missing(words)
+    yield from mentioned(words, leaves(payload))
+
+
+def missing(words: str) -> Iterator[str]:
+    """The fields a "missing field" phrase of ``words`` names."""
     for pattern in _MISSING:
         for found in pattern.finditer(words):
             yield found[1]
+
+
+def mentioned(words: str, fields: Iterable[tuple[str, Any]]) -> Iterator[str]:
+    """The dotted paths of ``fields`` (path, value sent) whose name ``words`` speaks of, or
+    whose value it quotes back ("City 'Springfield, IL' not found").
+
+    One pass over ``words`` collects its words and quoted strings; each field is then a set
+    lookup, and only a name found there is matched against the forms of ``_NAMED_AS``: the
+    cost is the words' length plus the fields', never their product.
+    """
+    tokens = set(_WORD.findall(words))
+    quoted = set(_QUOTED.findall(words))
     named: dict[str, bool] = {}  # each name's regex once: a payload may hold many fields
-    for path, value in _leaves(payload):
+    for path, value in fields:
         name = path.rpartition(".")[2]
         if name not in named:
+            spoken = name in tokens if _WORD.fullmatch(name) else name in words
             named_as = _NAMED_AS.format(name=re.escape(name))
-            named[name] = name in words and re.search(named_as, words) is not None
-        if named[name]:
+            named[name] = spoken and re.search(named_as, words) is not None
+        if named[name] or (isinstance(value, str) and len(value) > 1 and value in quoted):
             yield path
-        elif isinstance(value, str) and len(value) > 1 and f"'{value}'" in words:
-            yield path  # the value sent, quoted back: "City 'Springfield, IL' not found"
 
 
-def _leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+def leaves(value: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Every field of a payload by its dotted path, the objects holding others included."""
     if not isinstance(value, dict):
         return
     for key, item in value.items():
         path = f"{prefix}{key}"
         yield path, item
-        yield from _leaves(item, path + ".")
+        yield from leaves(item, path + ".")
 
 
 class _Absent:

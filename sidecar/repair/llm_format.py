@@ -11,14 +11,16 @@ Three forms, best first:
 
 An endpoint that refuses a form (an error answer naming ``response_format``, the schema or
 the grammar it compiles the schema to, as OpenAI, llama.cpp and llama-cpp-python word it)
-is not asked for it again.
+is not asked for it again for ``REFUSAL_HOLD_S``.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, cast
+
+from sidecar.repair.llm_answer import MAX_GROWTH
 
 if TYPE_CHECKING:
     import openai
@@ -57,6 +59,21 @@ def answer_schema(
         "required": ["analysis", "corrected_payload", "is_transient", "can_fix"],
         "additionalProperties": False,
     }
+
+
+# The answer's words besides its payload: the keys, ``analysis``'s sentence or two, the flags.
+_ANSWER_TOKENS_BESIDES_PAYLOAD = 256
+# A JSON token is 3 bytes or more in the tokenizers of the models in use (GPT-4o's o200k,
+# Qwen2.5's, Llama 3's): counted at 3, a payload's bytes overestimate its tokens.
+_BYTES_PER_TOKEN = 3
+
+
+def answer_tokens(payload_bytes: int, most: int) -> int:
+    """The ``max_tokens`` of an answer whose payload is ``payload_bytes`` long: room for the
+    largest ``corrected_payload`` the size guard takes (``MAX_GROWTH`` times the original)
+    and the rest of the answer, at most ``most`` (``SIDECAR_LLM_MAX_ANSWER_TOKENS``)."""
+    payload_tokens = -(-MAX_GROWTH * payload_bytes // _BYTES_PER_TOKEN)
+    return min(most, _ANSWER_TOKENS_BESIDES_PAYLOAD + payload_tokens)
 
 
 def response_format(form: str, schema: dict[str, Any]) -> ResponseFormat:
@@ -98,21 +115,30 @@ def _own_message(body: object) -> str:
     return message if isinstance(message, str) else ""
 
 
-class ResponseFormats:
-    """The forms one endpoint takes, best first: a form it refused is never asked again."""
+# How long a refused form is not asked for. A refusal may be passing (a gateway that
+# restarted on another model, a template fixed): asked again after this, a form the endpoint
+# still refuses costs one extra round trip per period, a form it takes again is used again.
+REFUSAL_HOLD_S = 600.0
 
-    def __init__(self) -> None:
-        self._refused: set[str] = set()
+
+class ResponseFormats:
+    """The forms one endpoint takes, best first: a form it refused is not asked for again
+    until ``REFUSAL_HOLD_S`` have passed."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._refused_until: dict[str, float] = {}
 
     @property
     def current(self) -> str:
-        return next(form for form in FORMS if form not in self._refused)
+        now = self._clock()
+        return next(form for form in FORMS if self._refused_until.get(form, now) <= now)
 
     def refused(self, form: str) -> bool:
         """Remember that ``form`` was refused; whether a form is left to fall back to."""
         if form == FORMS[-1]:
             return False  # JSON mode is the floor: a refusal of it is the call's error
-        self._refused.add(form)
+        self._refused_until[form] = self._clock() + REFUSAL_HOLD_S
         return True
 
 

@@ -24,6 +24,11 @@ from sidecar.tool.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
 if TYPE_CHECKING:
     from openai.types.chat import ChatCompletionMessageParam
 
+# The largest payload the model is asked to repair, as the agent sent it: about 16k tokens,
+# which with the examples and the tool's answer (each at most ``TEXT_SAMPLE_BYTES``) fits a
+# 32k-token context. A larger one is not repaired: the agent gets the tool's answer.
+MAX_PROMPT_PAYLOAD_BYTES = 64 * 1024
+
 SYSTEM_PROMPT = """\
 You repair the JSON payload of a failed HTTP tool call made by an AI agent.
 The first turns are worked examples, with made-up values. Then comes the call to repair.
@@ -80,6 +85,8 @@ class LlmRequest:
     tried: Collection[str]  # fingerprints of the payloads already sent
     # The conversation that wrote ``payload``, when the tool refused the model's payload.
     earlier: Conversation | None = None
+    # The credentials the agent sent in its headers and query: masked wherever they appear.
+    sent_secrets: tuple[str, ...] = ()
 
     def cache_key(self) -> Hashable:
         """Equal only for the same failure of the same operation with the same payload: a
@@ -152,7 +159,7 @@ def _document(request: LlmRequest, redactor: Redactor) -> dict[str, Any]:
     failed_payload = redactor.redact(request.payload)
     failure = request.failure
     if failure is not None:
-        details = redactor.redact(dict(failure.details))
+        details = _bounded(redactor.redact(dict(failure.details)))
         error: dict[str, Any] = {
             "code": failure.code,
             "category": failure.category,
@@ -171,6 +178,20 @@ def _document(request: LlmRequest, redactor: Redactor) -> dict[str, Any]:
         "call": {"method": request.method, "route": request.route, "path": request.path},
         "attempt": request.attempt,
     }
+
+
+def _bounded(details: dict[str, Any]) -> dict[str, Any]:
+    """The tool's details, whole, in order, until they pass ``TEXT_SAMPLE_BYTES`` written
+    out, as its body is: the prompt stays about that size however many the tool sends."""
+    kept: dict[str, Any] = {}
+    size = 0
+    for key, value in details.items():
+        if size > TEXT_SAMPLE_BYTES:
+            kept["…"] = f"{len(details) - len(kept)} more details left out"
+            break
+        kept[key] = value
+        size += len(key) + len(orjson.dumps(value, default=str))
+    return kept
 
 
 def _json(document: dict[str, Any]) -> str:

@@ -14,11 +14,13 @@ from sidecar.config.values import RepairLevel
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
 from sidecar.repair.llm import LlmRepairer
-from sidecar.repair.llm_prompt import LlmRequest
+from sidecar.repair.llm_prompt import MAX_PROMPT_PAYLOAD_BYTES, LlmRequest
 from sidecar.repair.payload import Payload, fingerprint
+from sidecar.repair.redact import sent_secrets
 from sidecar.repair.schemas import SchemaStore
 from sidecar.telemetry import Hooks
 from sidecar.tool.envelopes import Reply
+from sidecar.transport.exchange import UpstreamRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +28,7 @@ class RepairJob:
     """One failed attempt that calls for a repair."""
 
     route: str
-    method: str
+    request: UpstreamRequest  # the call as the agent made it: its headers and query too
     path: str
     payload: Payload
     reply: Reply
@@ -36,6 +38,10 @@ class RepairJob:
     tried: Collection[str]
     llm_repairs_left: int  # model calls (a cached answer counts as one) it may still use
     time_left_s: float
+
+    @property
+    def method(self) -> str:
+        return self.request.method
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +115,9 @@ class Repairs:
         schema: dict[str, Any] | None,
     ) -> Proposal:
         """The model's correction of ``document`` as a proposal, or its decline."""
+        if len(job.payload.body) > MAX_PROMPT_PAYLOAD_BYTES:
+            self._hooks.repair_refused(job.route, "llm", "prompt_too_large")
+            return Proposal()
         request = self._llm_request(job, document, schema)
         asked = await llm.repair(request, job.time_left_s, job.llm_repairs_left)
         # Each model call is one of the request's LLM repairs, and so is a cached answer: the
@@ -117,7 +126,8 @@ class Repairs:
         answer = asked.answer
         if answer is None:
             if asked.refused is not None:
-                self._hooks.repair_refused(job.route, "llm", asked.refused.kind)
+                why = asked.refused.kind
+                self._hooks.repair_refused(job.route, "llm", why, asked.out_of_scope)
             else:
                 self._hooks.repair_result(job.route, "llm", "failed")
             return Proposal(llm_repairs=used)
@@ -153,4 +163,5 @@ class Repairs:
             intent=job.intent,
             tried=job.tried,
             earlier=job.payload.conversation,
+            sent_secrets=sent_secrets(job.request.headers, job.request.url.query),
         )

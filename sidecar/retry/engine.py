@@ -348,7 +348,7 @@ class _Run:
         proposal = await self.engine.repairs.propose(
             RepairJob(
                 route=self.route.name,
-                method=self.request.method,
+                request=self.request,
                 path=self.path,
                 payload=self.payload,
                 reply=attempt.reply,

@@ -17,6 +17,7 @@ from yarl import URL
 
 from sidecar.config import RouteConfig, Settings
 from sidecar.repair.llm import LlmRepairer
+from sidecar.repair.llm_http import bounded_http_client
 from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
 from sidecar.retry.engine import Clock, Engine, Sleep
@@ -157,9 +158,12 @@ async def _start_engine(
             settings.llm_model,
             hooks,
             max_concurrency=settings.llm_max_concurrency,
+            max_answer_tokens=settings.llm_max_answer_tokens,
+            call_timeout_s=settings.llm_timeout_ms / 1000,
             clock=clock,
             shared=state.by_route(routes) if state is not None else None,
         )
+        held.callback(repairer.close)
     schemas = await _load_schemas(held, settings, routes, hooks)
     return Engine(
         pool,
@@ -245,7 +249,8 @@ def proxy_server(app: web.Application, settings: Settings) -> web.Server:
 def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
     """The process's one OpenAI-compatible client, when an endpoint or key is configured.
 
-    Built with ``max_retries=0``: the sidecar's own loop is the only retry there is.
+    Built with ``max_retries=0``: the sidecar's own loop is the only retry there is; its
+    answers read and inflated to at most ``llm_max_answer_bytes`` (``repair.llm_http``).
     ``openai`` is imported only then: it alone would double the sidecar's memory.
     """
     if settings.llm_base_url is None and settings.llm_api_key is None:
@@ -263,6 +268,7 @@ def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
         api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else "none",
         max_retries=0,
         timeout=settings.llm_timeout_ms / 1000,
+        http_client=bounded_http_client(openai, settings.llm_max_answer_bytes),
     )
 
 

@@ -205,9 +205,12 @@ class Hooks:
         """A layer's work ended: ``succeeded``/``failed`` (its payload's answer), ``declined``."""
         self._emit(RepairResult(route, layer, result, _of(route)))
 
-    def repair_refused(self, route: str, layer: str, why: str) -> None:
-        """A layer's proposal broke a guardrail and was not sent."""
-        self._emit(RepairRefused(route, layer, why, _of(route)))
+    def repair_refused(
+        self, route: str, layer: str, why: str, fields: tuple[str, ...] = ()
+    ) -> None:
+        """A layer's proposal broke a guardrail and was not sent; ``fields``, for a proposal
+        out of scope, are the names of the fields it touched outside it."""
+        self._emit(RepairRefused(route, layer, why, _of(route), fields))
 
     def llm_request(
         self,

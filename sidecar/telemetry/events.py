@@ -147,12 +147,14 @@ class RepairResult(Event):
 
 @dataclass(frozen=True, slots=True)
 class RepairRefused(Event):
-    """``layer``'s proposal broke a guardrail (``reason``) and was not sent."""
+    """``layer``'s proposal broke a guardrail (``reason``) and was not sent; ``fields``
+    names the fields it touched out of scope (never their values)."""
 
     route: str
     layer: str
     reason: str
     request: Request | None
+    fields: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

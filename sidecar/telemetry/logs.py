@@ -122,7 +122,10 @@ class LogSink(Sink):
         )
 
     def repair_refused(self, event: RepairRefused) -> None:
-        self.log.info("repair_refused", route=event.route, layer=event.layer, reason=event.reason)
+        fields = {"fields": event.fields[:50]} if event.fields else {}
+        self.log.info(
+            "repair_refused", route=event.route, layer=event.layer, reason=event.reason, **fields
+        )
 
     def llm_reask(self, event: LlmReask) -> None:
         self.log.info("llm_reask", route=event.route, reason=event.reason)

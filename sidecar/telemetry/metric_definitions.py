@@ -25,6 +25,14 @@ KNOWN_METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT"}
 )
 
+# The repair layer's refusals counted under their own ``result`` of ``sidecar_repairs_total``
+# (every other refused proposal counts as ``failed``): a model's proposal that touched a
+# field the tool did not name, a model's answer given up past its byte or token bound, and
+# a payload too large to put in a prompt.
+REFUSALS_COUNTED_APART = frozenset(
+    {"out_of_scope", "answer_too_large", "answer_cut", "prompt_too_large"}
+)
+
 
 def method_label(method: str) -> str:
     return method if method in KNOWN_METHODS else "OTHER"

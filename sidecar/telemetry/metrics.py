@@ -22,7 +22,7 @@ from sidecar.telemetry.events import (
     RetryScheduled,
     StateError,
 )
-from sidecar.telemetry.metric_definitions import Metrics, method_label
+from sidecar.telemetry.metric_definitions import REFUSALS_COUNTED_APART, Metrics, method_label
 
 
 class _Children:
@@ -74,7 +74,10 @@ class MetricsSink(Sink):
         self._child(self.metrics.repairs, event.route, event.layer, event.result).inc()
 
     def repair_refused(self, event: RepairRefused) -> None:
-        self._child(self.metrics.repairs, event.route, event.layer, "failed").inc()
+        # A proposal out of the tool's scope is counted as such: a model that obeys text it
+        # was shown is something an operator watches for.
+        result = event.reason if event.reason in REFUSALS_COUNTED_APART else "failed"
+        self._child(self.metrics.repairs, event.route, event.layer, result).inc()
 
     def llm_reask(self, event: LlmReask) -> None:
         self._child(self.metrics.repairs, event.route, "llm", "reasked").inc()

@@ -72,46 +72,46 @@ class Reply:
     lost_after_delivery: bool = False
 
 
-def decoded_text(body: bytes, content_encoding: str | None) -> bytes | None:
-    """The body as the tool meant it: inflated when gzip, deflate, br or zstd (at most
-    ``MAX_INFLATED_BYTES`` of it), ``None`` if it won't inflate."""
+def decoded_text(
+    body: bytes, content_encoding: str | None, limit: int = MAX_INFLATED_BYTES
+) -> bytes | None:
+    """The body as its sender meant it: inflated when gzip, deflate, br or zstd (at most
+    ``limit`` bytes of it), ``None`` if it won't inflate."""
     encoding = (content_encoding or "").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding in ("gzip", "x-gzip", "deflate"):
-        return _inflate_zlib(body, encoding)
+        return _inflate_zlib(body, encoding, limit)
     if encoding == "br":
-        return _inflate_brotli(body)
+        return _inflate_brotli(body, limit)
     if encoding == "zstd":
-        return _inflate_zstd(body)
+        return _inflate_zstd(body, limit)
     return None
 
 
-def _inflate_zlib(body: bytes, encoding: str) -> bytes | None:
+def _inflate_zlib(body: bytes, encoding: str, limit: int) -> bytes | None:
     wbits = zlib.MAX_WBITS | 32 if encoding != "deflate" else zlib.MAX_WBITS
     for bits in (wbits, -zlib.MAX_WBITS):  # deflate is sometimes sent raw
         try:
             inflater = zlib.decompressobj(bits)
-            return inflater.decompress(body, MAX_INFLATED_BYTES)
+            return inflater.decompress(body, limit)
         except zlib.error:
             continue
     return None
 
 
-def _inflate_brotli(body: bytes) -> bytes | None:
+def _inflate_brotli(body: bytes, limit: int) -> bytes | None:
     import brotli  # loaded with the first br body: most tools never send one
 
     try:
         # The limit stops the output buffer growing; it may overshoot by one step.
-        inflated: bytes = brotli.Decompressor().process(
-            body, output_buffer_limit=MAX_INFLATED_BYTES
-        )
+        inflated: bytes = brotli.Decompressor().process(body, output_buffer_limit=limit)
     except brotli.error:
         return None
-    return inflated[:MAX_INFLATED_BYTES]
+    return inflated[:limit]
 
 
-def _inflate_zstd(body: bytes) -> bytes | None:
+def _inflate_zstd(body: bytes, limit: int) -> bytes | None:
     import zstandard  # loaded with the first zstd body
 
     decompressor = zstandard.ZstdDecompressor(max_window_size=_ZSTD_MAX_WINDOW)
@@ -119,8 +119,8 @@ def _inflate_zstd(body: bytes) -> bytes | None:
     size = 0
     try:
         with decompressor.stream_reader(body, read_across_frames=True) as reader:
-            while size < MAX_INFLATED_BYTES:
-                piece = reader.read(MAX_INFLATED_BYTES - size)
+            while size < limit:
+                piece = reader.read(limit - size)
                 if not piece:
                     break
                 pieces.append(piece)

@@ -1,0 +1,248 @@
+"""What a model's proposal may change: the fields the tool's answer names, nothing else.
+
+The tool's words reach the model's prompt, and the model's answer reaches the tool: a tool
+that echoes an instruction, and a model that obeys it, must not move a value the tool never
+complained about, add a privilege or carry a secret to another field. So a proposal is read
+like a code review, against the payload it corrects:
+
+- a field may change, or be removed, only when the tool named it or a field holding it;
+- a field may be added only when the tool named it and the schema, when known, allows it;
+- an array's element counts as its array's field (``items.3.name`` is ``items.name``);
+- a secret's placeholder stays at its own path: it is never copied or moved elsewhere.
+
+The tool names a field in its structure first: a FastAPI/pydantic ``loc``, an envelope's
+``details.field`` (``param``, ``parameter``, ``property``, ``path``), a detail keyed by a
+payload or schema field (``suggested_``/``expected_`` ones too), a list of errors each with
+a ``field``/``name``/``pointer``, MIRA's ``parameter_adjustments``, Go's ``Go struct field
+T.name``. Only when it names none that way do its words count: a "missing field" phrase, a
+field quoted or made the subject of a rule, a value sent quoted back. Echoed text can name
+a field in words; it cannot widen a scope the tool's structure set. When the tool names no
+field at all, a proposal may change the values of the fields the payload has, and add or
+remove none (docs/repair.md says why).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sidecar.repair.llm_answer import Refused
+from sidecar.repair.llm_focus import FIELD_DETAILS, leaves, mentioned, missing, words_of
+from sidecar.repair.llm_prompt import LlmRequest
+from sidecar.repair.redact import Redactor
+from sidecar.tool.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
+from sidecar.tool.validation import pydantic_errors
+
+Path = tuple[str, ...]  # object keys only: an array's index is not part of a field's name
+
+_PREFIXES = ("suggested_", "expected_")
+_GO_FIELD = re.compile(r"Go struct field [\w.]*?\.([\w.]+) of type")
+_PLACEHOLDER = re.compile(r"<redacted-\d+>")
+# A name in quotes, as tools write the field they want: "the field is named 'postal_code'".
+_QUOTED_NAME = re.compile(r"['\"`]([A-Za-z_][\w.]*)['\"`]")
+_ERROR_FIELD_KEYS = (*FIELD_DETAILS, "name", "pointer", "loc")
+
+
+OUT_OF_SCOPE = Refused(
+    "out_of_scope", "corrected_payload changes fields the tool did not name as wrong"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """One request's scope: the payload as the model saw it, and the fields the tool named."""
+
+    shown: dict[str, Any]
+    named: frozenset[Path]
+    schema: dict[str, Any] | None
+
+    @classmethod
+    def of(cls, request: LlmRequest, redactor: Redactor) -> Scope:
+        shown = redactor.redact(request.payload)
+        named = named_fields(request.failure, request.body_text, shown, request.schema, redactor)
+        return cls(shown, named, request.schema)
+
+    def outside(self, written: dict[str, Any] | None) -> tuple[str, ...]:
+        """The fields the model's ``corrected_payload`` touched out of scope."""
+        if written is None:
+            return ()
+        return tuple(out_of_scope(self.shown, written, self.named, self.schema))
+
+
+def named_fields(
+    failure: ToolFailure | None,
+    body_text: str,
+    payload: dict[str, Any],
+    schema: dict[str, Any] | None,
+    redactor: Redactor,
+) -> frozenset[Path]:
+    """The fields the tool's answer names, by its structure when it has one, else by its
+    words. ``payload`` is the one the model was shown (redacted)."""
+    structured = frozenset(_structured(failure, body_text, payload, schema))
+    if structured:
+        return structured
+    words = redactor.redact_text(words_of(failure, body_text)[:TEXT_SAMPLE_BYTES])
+    fields = [*leaves(payload), *_schema_fields(schema)]
+    sent = {value for _, value in fields if isinstance(value, str)}
+    # A name in quotes is a field to add, unless it is a value sent, quoted back.
+    quoted = [name for name in _QUOTED_NAME.findall(words) if name not in sent]
+    said = (*missing(words), *mentioned(words, fields), *quoted)
+    return frozenset(path for path in map(_path, said) if path)
+
+
+def out_of_scope(
+    original: dict[str, Any],
+    proposed: dict[str, Any],
+    named: frozenset[Path],
+    schema: dict[str, Any] | None,
+) -> list[str]:
+    """The dotted names of the fields ``proposed`` changes, adds or removes outside the
+    tool's ``named`` fields, and of those a placeholder was copied or moved to; empty when
+    the proposal keeps to its scope. Both payloads as the model saw and wrote them:
+    secrets as placeholders."""
+    own = _placeholders(original)
+    # Without a field named, a secret's field is not among the values that may change.
+    secret = frozenset(_field(exact) for exact in own) if not named else frozenset()
+    outside: dict[str, None] = {}
+    for kind, path in differences(original, proposed):
+        if path in secret or not _allowed(kind, path, named, schema):
+            outside[".".join(path)] = None
+    for exact, found in _placeholders(proposed).items():
+        if found - own.get(exact, frozenset()):
+            outside[".".join(_field(exact))] = None
+    return list(outside)
+
+
+def differences(before: Any, after: Any, path: Path = ()) -> Iterator[tuple[str, Path]]:
+    """Each ``changed``, ``added`` or ``removed`` field of ``after`` against ``before``."""
+    if isinstance(before, dict) and isinstance(after, dict):
+        for key in before:
+            if key not in after:
+                yield "removed", (*path, key)
+            else:
+                yield from differences(before[key], after[key], (*path, key))
+        for key in after:
+            if key not in before:
+                yield "added", (*path, key)
+    elif isinstance(before, list) and isinstance(after, list) and len(before) == len(after):
+        for item_before, item_after in zip(before, after, strict=True):
+            yield from differences(item_before, item_after, path)
+    elif not _same(before, after):
+        yield "changed", path
+
+
+def _allowed(kind: str, path: Path, named: frozenset[Path], schema: dict[str, Any] | None) -> bool:
+    if not named:
+        return kind == "changed"  # the tool named nothing: values only, no field in or out
+    # The field itself, one inside a field it named, or one holding a field it named (a
+    # value reshaped: ``"1,2"`` become ``{"lat": 1, "lon": 2}`` for ``position.lat``).
+    inside = any(path[: len(field)] == field or field[: len(path)] == path for field in named)
+    if kind == "added":
+        return inside and _schema_allows(schema, path)
+    return inside
+
+
+def _same(before: Any, after: Any) -> bool:
+    """Equal as JSON: ``true`` is not ``1``, ``1`` is ``1.0``."""
+    if isinstance(before, bool) or isinstance(after, bool):
+        return before is after
+    if isinstance(before, int | float) and isinstance(after, int | float):
+        return before == after
+    return type(before) is type(after) and bool(before == after)
+
+
+def _schema_allows(schema: Any, path: Path) -> bool:
+    """Whether ``schema`` lets an object hold ``path`` (no schema allows everything)."""
+    for key in path:
+        if not isinstance(schema, Mapping):
+            return True
+        if isinstance(schema.get("items"), Mapping) and "properties" not in schema:
+            schema = schema["items"]
+        properties = schema.get("properties")
+        if isinstance(properties, Mapping) and key in properties:
+            schema = properties[key]
+        elif schema.get("additionalProperties") is False:
+            return False
+        else:
+            schema = schema.get("additionalProperties")
+    return True
+
+
+def _placeholders(value: Any, path: tuple[str, ...] = ()) -> dict[tuple[str, ...], frozenset[str]]:
+    """Each exact path (array indices included) holding a placeholder, and those it holds."""
+    found: dict[tuple[str, ...], frozenset[str]] = {}
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found.update(_placeholders(item, (*path, str(key))))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found.update(_placeholders(item, (*path, str(index))))
+    elif isinstance(value, str) and "<redacted-" in value:
+        found[path] = frozenset(_PLACEHOLDER.findall(value))
+    return found
+
+
+def _field(exact: tuple[str, ...]) -> Path:
+    """An exact path as the field it is in: array indices dropped."""
+    return tuple(part for part in exact if not part.isdigit())
+
+
+def _structured(
+    failure: ToolFailure | None,
+    body_text: str,
+    payload: dict[str, Any],
+    schema: dict[str, Any] | None,
+) -> Iterator[Path]:
+    """The fields the tool's answer names in its structure."""
+    if failure is None:
+        for error in pydantic_errors(body_text) or ():
+            yield _path(error["loc"])
+        go = _GO_FIELD.search(body_text[:TEXT_SAMPLE_BYTES])
+        if go is not None:
+            yield _path(go[1])
+        return
+    known = {path for path, _ in (*leaves(payload), *_schema_fields(schema))}
+    for key, value in failure.details.items():
+        if key in FIELD_DETAILS and isinstance(value, str) and value:
+            yield _path(value)
+        field = next((key.removeprefix(p) for p in _PREFIXES if key.startswith(p)), key)
+        if field in known:
+            yield _path(field)
+        if isinstance(value, list):
+            yield from _error_fields(value)
+    for name in failure.parameter_adjustments:
+        yield _path(name)
+    go = _GO_FIELD.search(failure.message)
+    if go is not None:
+        yield _path(go[1])
+
+
+def _error_fields(errors: list[Any]) -> Iterator[Path]:
+    """The fields a list of errors names, one per error (RFC 9457's ``pointer``, ``name``)."""
+    for error in errors:
+        if not isinstance(error, Mapping):
+            continue
+        where = next((error[key] for key in _ERROR_FIELD_KEYS if key in error), None)
+        if isinstance(where, str | list) and where:
+            yield _path(where)
+
+
+def _schema_fields(schema: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The top-level properties of ``schema``, as fields holding nothing yet."""
+    properties = schema.get("properties") if schema else None
+    if not isinstance(properties, Mapping):
+        return []
+    return [(str(name), None) for name in properties]
+
+
+def _path(where: Any) -> Path:
+    """A field's place, from a pydantic ``loc``, a dotted name, a JSON pointer or path."""
+    if isinstance(where, list):
+        # FastAPI puts "body" first; a field named "body" is one further in.
+        parts = [str(part) for part in where[where[:1] == ["body"] :] if not isinstance(part, int)]
+    else:
+        text = str(where).removeprefix("#").removeprefix("$").removeprefix("body.")
+        parts = re.split(r"[./\[\]]", text)
+    return tuple(part for part in parts if part and not part.isdigit())
