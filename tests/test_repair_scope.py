@@ -131,8 +131,7 @@ def test_what_a_proposal_may_touch(original, proposed, named, schema, outside):
 
 def answer_of(body: Any, status: int = 422) -> tuple[ToolFailure | None, str]:
     raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-    kind = "text/plain" if isinstance(body, str) else "application/json"
-    return inspect(status, kind, None, raw)
+    return inspect(status, raw, None)
 
 
 def named(body: Any, payload: dict[str, Any], schema: dict[str, Any] | None = None) -> set[str]:
