@@ -51,8 +51,9 @@ class MemoryEventStore(EventStore):
 
 def tap(server_url: str, session: aiohttp.ClientSession, drop_first: frozenset[str]) -> Any:
     """Relays every request to the MCP server as it streams; the first ``tools/call`` of a tool
-    in ``drop_first`` is sent, its whole answer read (the tool ran), and the agent's
-    connection closed without a byte of it: a reset after delivery."""
+    in ``drop_first``, or the first request of a method in it, is sent, its whole answer read
+    (the server ran it), and the agent's connection closed without a byte of it: a reset
+    after delivery."""
     dropped: set[str] = set()
 
     async def relay(request: web.Request) -> web.StreamResponse:
@@ -60,11 +61,12 @@ def tap(server_url: str, session: aiohttp.ClientSession, drop_first: frozenset[s
         headers = {name: request.headers[name] for name in _ASKED if name in request.headers}
         sent = orjson.loads(body) if body else None
         tool = sent.get("params", {}).get("name") if isinstance(sent, dict) else None
+        called = tool if tool is not None or not isinstance(sent, dict) else sent.get("method")
         async with session.request(
             request.method, server_url + request.path_qs, data=body, headers=headers
         ) as answer:
-            if tool in drop_first and tool not in dropped:
-                dropped.add(tool)
+            if called in drop_first and called not in dropped:
+                dropped.add(called)
                 await answer.read()
                 request.transport.close()
                 return web.Response()
@@ -143,6 +145,32 @@ async def test_a_reset_after_delivery_is_replayed_for_a_tool_a_streamed_list_mar
     assert charge_call.status == 502
     assert orjson.loads(charge_call.error_body)["error"]["code"] == "UPSTREAM_RESET"
     assert charge_call.headers["X-Sidecar-Attempts"] == "1"
+
+
+async def test_a_session_s_set_up_reset_after_delivery_is_replayed(make_tool, make_sidecar):
+    """``initialize`` and ``tools/list`` each lose their answer once after the server ran
+    them: both are MCP's own requests, safe to run twice, so the agent's session starts and
+    lists its tools as if nothing happened (the server ran each twice)."""
+    server = MCPServer("primed")
+
+    @server.tool()
+    async def charge(amount: int) -> str:
+        return f"charged {amount}"
+
+    drop_first = frozenset({"initialize", "tools/list"})
+    async with primed_mcp_agent(server, make_tool, make_sidecar, drop_first) as (
+        client,
+        wire,
+        _,
+    ):
+        listed_tools = await client.list_tools()
+
+    assert [tool.name for tool in listed_tools.tools] == ["charge"]
+    [tools_list] = listed(wire)
+    assert tools_list.headers["X-Sidecar-Attempts"] == "2"
+    assert tools_list.headers["X-Sidecar-Outcome"] == "recovered"
+    [initialize] = [e for e in wire.exchanges if e.rpc_method == "initialize"]
+    assert initialize.headers["X-Sidecar-Trail"].startswith("reset ")
 
 
 async def test_a_streamed_retryable_json_rpc_error_is_retried_for_a_tool_safe_to_repeat(

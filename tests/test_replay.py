@@ -12,6 +12,7 @@ import orjson
 import pytest
 from aiohttp import web
 
+from sidecar.retry.replay import McpToolHints, mcp_call, mcp_safe
 from tests.conftest import scripted, unused_port
 from tests.rawhttp import raw_tool, read_request_head
 
@@ -310,3 +311,32 @@ async def test_the_idempotency_key_can_be_turned_off(make_tool, make_sidecar):
     await sidecar.client.post("/", json={})
 
     assert "Idempotency-Key" not in tool.seen[0].headers
+
+
+_ANNOTATED = {"result": {"tools": [{"name": "lookup", "annotations": {"readOnlyHint": True}}]}}
+
+
+@pytest.mark.parametrize(
+    ("body", "safe"),
+    [
+        # MCP's own reads and its session's set-up: safe whatever the server said of its tools.
+        (b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{}}', True),
+        (b'{"jsonrpc":"2.0","id":2,"method":"tools/list"}', True),
+        (b'{"jsonrpc":"2.0","id":3,"method":"resources/read","params":{"uri":"a://b"}}', True),
+        (b'{"jsonrpc":"2.0","id":4,"method":"server/discover"}', True),
+        (b'{"jsonrpc":"2.0","method":"notifications/initialized"}', True),
+        # A tool's call goes by the tool's own annotations, never by the method.
+        (b'{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"lookup"}}', True),
+        (b'{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"charge"}}', False),
+        (b'{"jsonrpc":"2.0","id":7,"method":"tools/call"}', False),
+        # A method MCP does not name is not known to be safe; nor is a body that is no call.
+        (b'{"jsonrpc":"2.0","id":8,"method":"sampling/createMessage"}', False),
+        (b'{"jsonrpc":"2.0","id":9,"method":"x/deleteEverything"}', False),
+        (b'{"method":"tools/list"}', False),
+        (b"not json", False),
+    ],
+)
+def test_which_mcp_requests_are_safe_to_run_twice(body: bytes, safe: bool) -> None:
+    hints = McpToolHints()
+    hints.learn(_ANNOTATED)
+    assert mcp_safe(mcp_call(body), hints) is safe

@@ -10,7 +10,7 @@ from sidecar.config import RouteConfig
 from sidecar.repair.payload import Payload
 from sidecar.retry.guards.route import RouteGuards
 from sidecar.retry.guards.tools import tool_of
-from sidecar.retry.replay import Rpc, mcp_call, safe_to_repeat
+from sidecar.retry.replay import Rpc, mcp_call, mcp_safe, safe_to_repeat
 from sidecar.transport.exchange import UpstreamRequest
 
 # The OpenAPI path template a ``method path`` matched on a route, when its schema has one.
@@ -44,13 +44,12 @@ def describe(
     path = request.url.path
     header = route.tuning.idempotency_header
     rpc = mcp_call(payload.body) if payload is not None else None
-    safe_tool = rpc is not None and rpc[0] == "tools/call" and guards.mcp_tools.is_safe(rpc[1])
     safe = safe_to_repeat(
         request.method,
         request.headers,
         key_header=header,
         route_idempotent=route.idempotent,
-        mcp_tool_safe=safe_tool,
+        mcp_safe=mcp_safe(rpc, guards.mcp_tools),
     )
     scope = route.tuning.circuit_scope
     template = (

@@ -10,7 +10,11 @@ safe to repeat:
 - the agent sent an ``Idempotency-Key``, so the tool can tell a repeat from a new call;
 - its route is configured ``idempotent: true``;
 - it is an MCP ``tools/call`` of a tool that the tool server itself annotated
-  ``readOnlyHint`` or ``idempotentHint`` in a ``tools/list`` result this sidecar relayed.
+  ``readOnlyHint`` or ``idempotentHint`` in a ``tools/list`` result this sidecar relayed;
+- it is one of MCP's own requests that read or set state to a given value (``tools/list``,
+  ``resources/read``, ``ping``, ``initialize`` …, ``MCP_SAFE_METHODS``): a session's
+  set-up is most of its requests, and a reset there failed the agent's task as surely as
+  one in a tool's call.
 
 ``SIDECAR_REPLAY_DELIVERED=always`` replays every delivered request (the 0.1 behaviour).
 """
@@ -26,6 +30,32 @@ from sidecar.tool.json_value import parse_json
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 AGENT_KEY_HEADER = "Idempotency-Key"
 
+# MCP's own requests (2025-11-25) whose second run leaves what the first left: reads, a
+# level set again, a notification heard twice. A repeated ``initialize`` opens a second
+# session and the agent goes on with the one it is answered; the first ends at the
+# server's idle timeout, as any abandoned session does. ``tools/call`` goes by its tool's
+# annotations; a method not listed here is not known to be safe, and is not replayed.
+MCP_SAFE_METHODS = frozenset(
+    {
+        "initialize",
+        "ping",
+        "server/discover",
+        "tools/list",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "prompts/list",
+        "prompts/get",
+        "completion/complete",
+        "logging/setLevel",
+        "notifications/initialized",
+        "notifications/cancelled",
+        "notifications/roots/list_changed",
+    }
+)
+
 # A tool server can list any number of tools; a route remembers at most this many.
 MAX_REMEMBERED_TOOLS = 4096
 
@@ -36,7 +66,7 @@ def safe_to_repeat(
     *,
     key_header: str,
     route_idempotent: bool,
-    mcp_tool_safe: bool,
+    mcp_safe: bool,
 ) -> bool:
     """Whether running this request twice has the effect of running it once.
 
@@ -48,7 +78,7 @@ def safe_to_repeat(
         or AGENT_KEY_HEADER in headers
         or (bool(key_header) and key_header in headers)
         or route_idempotent
-        or mcp_tool_safe
+        or mcp_safe
     )
 
 
@@ -71,6 +101,16 @@ def mcp_call(body: bytes) -> Rpc | None:
     tool = params.get("name") if isinstance(params, dict) else None
     rpc_id = rpc_id_text(document["id"]) if "id" in document else None
     return Rpc(document["method"], tool if isinstance(tool, str) else None, rpc_id)
+
+
+def mcp_safe(rpc: Rpc | None, hints: McpToolHints) -> bool:
+    """Whether an MCP request is safe to run twice by what MCP says of it: one of its own
+    safe methods, or a ``tools/call`` of a tool its server annotated so."""
+    if rpc is None:
+        return False
+    if rpc.method == "tools/call":
+        return hints.is_safe(rpc.tool)
+    return rpc.method in MCP_SAFE_METHODS
 
 
 class McpToolHints:
