@@ -171,41 +171,42 @@ async def test_mcp_failing_tools_run_once(make_sidecar):
     assert [call.headers["X-Sidecar-Attempts"] for call in wire.tool_calls()] == ["1", "1"]
 
 
-async def test_mcp_jsonrpc_error_marked_retryable_is_replayed_only_for_a_tool_safe_to_repeat(
+async def test_mcp_jsonrpc_error_is_replayed_only_when_the_server_marks_it_retryable(
     make_sidecar,
 ):
-    """``error.data.retryable: true`` lets a JSON-RPC error be sent again, and only when the
-    call is safe to repeat: here the read-only ``quote``, not ``place_order``."""
+    """``error.data.retryable: true`` is the server's word that the call took no effect: it
+    is sent again, annotated or not (``place_order``); without it (``cancel_order``) a
+    JSON-RPC error goes back as it came."""
     runs: Counter[str] = Counter()
     server = MCPServer("field")
 
-    def warming_up_first_time(name: str) -> str:
+    def failing_first_time(name: str, data: dict[str, Any] | None) -> str:
         runs[name] += 1
         if runs[name] == 1:
-            raise MCPError(-32603, "price feed warming up", {"retryable": True})
+            raise MCPError(-32603, "price feed warming up", data)
         return f"{name} run {runs[name]}"
-
-    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-    async def quote(symbol: str) -> str:
-        return warming_up_first_time("quote")
 
     @server.tool()
     async def place_order(symbol: str) -> str:
-        return warming_up_first_time("place_order")
+        return failing_first_time("place_order", {"retryable": True})
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def cancel_order(symbol: str) -> str:
+        return failing_first_time("cancel_order", None)
 
     async with mcp_agent(server, make_sidecar) as (client, wire):
         await client.list_tools()
-        quoted = await client.call_tool("quote", {"symbol": "ACME"})
+        placed = await client.call_tool("place_order", {"symbol": "ACME"})
         with pytest.raises(MCPError) as refused:
-            await client.call_tool("place_order", {"symbol": "ACME"})
+            await client.call_tool("cancel_order", {"symbol": "ACME"})
 
-    assert quoted.content[0].text == "quote run 2"
+    assert placed.content[0].text == "place_order run 2"
     assert (refused.value.code, refused.value.message) == (-32603, "price feed warming up")
-    assert runs == {"quote": 2, "place_order": 1}
-    quote_call, order_call = wire.tool_calls()
-    assert quote_call.headers["X-Sidecar-Attempts"] == "2"
-    assert quote_call.headers["X-Sidecar-Outcome"] == "recovered"
-    assert order_call.headers["X-Sidecar-Attempts"] == "1"
+    assert runs == {"place_order": 2, "cancel_order": 1}
+    place_call, cancel_call = wire.tool_calls()
+    assert place_call.headers["X-Sidecar-Attempts"] == "2"
+    assert place_call.headers["X-Sidecar-Outcome"] == "recovered"
+    assert cancel_call.headers["X-Sidecar-Attempts"] == "1"
 
 
 async def test_mcp_tools_annotated_safe_are_replayed_after_a_per_try_timeout(make_sidecar):

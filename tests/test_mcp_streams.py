@@ -173,42 +173,47 @@ async def test_a_session_s_set_up_reset_after_delivery_is_replayed(make_tool, ma
     assert initialize.headers["X-Sidecar-Trail"].startswith("reset ")
 
 
-async def test_a_streamed_retryable_json_rpc_error_is_retried_for_a_tool_safe_to_repeat(
+async def test_a_streamed_json_rpc_error_is_retried_only_when_the_server_says_retryable(
     make_tool, make_sidecar
 ):
-    """``error.data.retryable: true`` in the event after the priming one: the read-only
-    ``quote`` is sent again and recovers, ``place_order`` is not sent again."""
+    """In the event after the priming one: ``place_order``'s ``-32603`` says
+    ``data.retryable: true`` (the server's word that the call took no effect), so it is
+    sent again and recovers though the tool has no annotation; ``cancel_order``'s says
+    nothing, so it is not."""
     runs: Counter[str] = Counter()
     server = MCPServer("primed")
 
-    def warming_up_first_time(name: str) -> str:
+    def failing_first_time(name: str, data: dict[str, Any] | None) -> str:
         runs[name] += 1
         if runs[name] == 1:
-            raise MCPError(-32603, "price feed warming up", {"retryable": True})
+            raise MCPError(-32603, "price feed warming up", data)
         return f"{name} run {runs[name]}"
-
-    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-    async def quote(symbol: str) -> str:
-        return warming_up_first_time("quote")
 
     @server.tool()
     async def place_order(symbol: str) -> str:
-        return warming_up_first_time("place_order")
+        return failing_first_time("place_order", {"retryable": True})
+
+    @server.tool()
+    async def cancel_order(symbol: str) -> str:
+        return failing_first_time("cancel_order", None)
 
     async with primed_mcp_agent(server, make_tool, make_sidecar) as (client, wire, _):
         await client.list_tools()
-        quoted = await client.call_tool("quote", {"symbol": "ACME"})
+        placed = await client.call_tool("place_order", {"symbol": "ACME"})
         with pytest.raises(MCPError) as refused:
-            await client.call_tool("place_order", {"symbol": "ACME"})
+            await client.call_tool("cancel_order", {"symbol": "ACME"})
 
-    assert quoted.content[0].text == "quote run 2"
+    assert placed.content[0].text == "place_order run 2"
     assert refused.value.code == -32603
-    assert runs == {"quote": 2, "place_order": 1}
-    quote_call, order_call = wire.tool_calls()
-    assert quote_call.headers["content-type"].startswith("text/event-stream")
-    assert quote_call.headers["X-Sidecar-Trail"].startswith("200 backoff=")
-    assert quote_call.headers["X-Sidecar-Outcome"] == "recovered"
-    assert (order_call.headers["X-Sidecar-Attempts"], order_call.headers["X-Sidecar-Outcome"]) == (
+    assert runs == {"place_order": 2, "cancel_order": 1}
+    place_call, cancel_call = wire.tool_calls()
+    assert place_call.headers["content-type"].startswith("text/event-stream")
+    assert place_call.headers["X-Sidecar-Trail"].startswith("200 backoff=")
+    assert place_call.headers["X-Sidecar-Outcome"] == "recovered"
+    assert (
+        cancel_call.headers["X-Sidecar-Attempts"],
+        cancel_call.headers["X-Sidecar-Outcome"],
+    ) == (
         "1",
         "not-retryable",
     )

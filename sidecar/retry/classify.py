@@ -62,10 +62,11 @@ def classify(result: Reply | AttemptError, retry_on_status: Collection[int]) -> 
     if status == 429:
         return Verdict(Action.RETRY, "rate_limited")
     if failure is not None and failure.dialect == "jsonrpc" and status >= 500:
-        # A JSON-RPC error means the server ran the call; only its own word makes a
-        # repeat welcome, and even then only for a call that is safe to repeat.
+        # A JSON-RPC error means the server had the call; only its own word makes a repeat
+        # welcome. ``data.retryable: true`` is that word, as an envelope's is for a 503: the
+        # server says the call did not take effect, whatever its tool's annotations.
         if failure.retryable is True:
-            return Verdict(Action.RETRY, "server_error", is_failure, only_if_safe=True)
+            return Verdict(Action.RETRY, "server_error", is_failure)
         return Verdict(Action.DONE, "not_retryable", is_failure=is_failure)
     if is_failure and result.lost_after_delivery:
         # A proxy beside the tool (Envoy, Linkerd) lost the call after it may have reached
