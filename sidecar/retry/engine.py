@@ -134,7 +134,7 @@ class _Run:
         """The machine's actions, carried out, until it settles or ends the request."""
         action = self.machine.start()
         self.hooks.circuit_state(self.route, self.tool_guards.circuit.state, self.tool)
-        while not isinstance(action, steps.Settle | steps.Result):
+        while not isinstance(action, _ENDS):
             action = await _HANDLERS[type(action)](self, action)
         return action
 
@@ -166,7 +166,8 @@ class _Run:
             else sent
         )
         attempt, answer = judge(copy, result, self.tuning.retry_on_status, self.tools)
-        elapsed_s, failure = self.engine.clock() - copy.started, attempt.failure
+        elapsed_s, reply = self.engine.clock() - copy.started, attempt.reply
+        failure = reply.failure if reply is not None else None
         self.hooks.attempt_finished(self.route, copy.number, attempt.label, elapsed_s, failure)
         return self.machine.answered(attempt, answer)
 
@@ -233,6 +234,8 @@ class _Run:
         return self.machine.resume()
 
 
+# The actions that end the loop: the verdict to count, or the request's result.
+_ENDS = (steps.Settle, steps.Result)
 # Each action's type to the step that carries it out: one lookup, however many kinds.
 _HANDLERS: dict[type, Handler] = {
     steps.Send: _Run.send,

@@ -59,6 +59,8 @@ from sidecar.retry.steps import (
     seconds_token,
 )
 
+_SUCCEEDED = frozenset({Outcome.OK, Outcome.RECOVERED})
+
 
 class RetryMachine(Generic[A]):
     """One request's retry life. ``start`` gives the first action; each event method the
@@ -173,16 +175,18 @@ class RetryMachine(Generic[A]):
                 self._answer.discard()
             self._answer = answer
             self._answered_layers = self._payload.layers if self._payload is not None else ()
-        success = attempt.verdict.success
         if self._unjudged is not None:
-            judged = "succeeded" if success else "failed"
+            judged = "succeeded" if attempt.verdict.success else "failed"
             self._queue.append(RepairJudged(self._unjudged, judged))
             self._unjudged = None
-        if self.terms.shares_cooldowns and not success and attempt.requested_s is not None:
+        if self.terms.shares_cooldowns and attempt.requested_s is not None:
+            # Only a failed answer's wait is read (``attempt.judge``).
             path = self.terms.path if attempt.path_scoped else None
             self._queue.append(ShareCooldown(attempt.requested_s, path))
-        self._then = self._decide
-        return self.resume()
+        if self._queue:
+            self._then = self._decide
+            return self._queue.pop(0)
+        return self._decide()
 
     def repaired(
         self, payload: Payload | None, layer: str | None, retry_same: bool, llm_repairs: int
@@ -328,8 +332,9 @@ class RetryMachine(Generic[A]):
 
     def _settle(self, result: Result[A], last: Attempt) -> Settle:
         self._result = result
-        ok = result.outcome is Outcome.OK or result.outcome is Outcome.RECOVERED
-        return SETTLE_FAILED if last.verdict.is_failure and not ok else SETTLE_OK
+        if not last.verdict.is_failure or result.outcome in _SUCCEEDED:
+            return SETTLE_OK
+        return SETTLE_FAILED
 
     def _abandon(self) -> None:
         if self._ticket is not None:
@@ -355,7 +360,7 @@ class RetryMachine(Generic[A]):
         return Result(
             outcome,
             self._attempts,
-            self.trail,
+            tuple(self._trail),
             answer,
             error,
             last.error_reason,
