@@ -59,30 +59,24 @@ def judge(
     return attempt, result
 
 
-def carrying(request: UpstreamRequest, payload: Payload, key_header: str) -> UpstreamRequest:
-    """``request`` carrying ``payload``, under a fresh idempotency key when it is the sidecar's,
-    and with the agent's ``Content-Length`` restated when the payload's length differs.
+def carrying(request: UpstreamRequest, payload: Payload | None, key_header: str) -> UpstreamRequest:
+    """``request`` carrying ``payload`` (``None``: its body streams through as it is), under a
+    fresh idempotency key when it is the sidecar's, and with the agent's ``Content-Length``
+    restated when the payload's length differs.
 
     The sidecar's key names one payload: every retry of it carries the same key, and a
     repaired payload (a different request to the tool) gets a new one. A key the agent
     chose is the agent's to keep.
     """
     headers = request.headers
-    length = str(len(payload.body))
-    restate_length = "Content-Length" in headers and headers["Content-Length"] != length
+    length = str(len(payload.body)) if payload is not None else None
+    restate_length = length is not None and headers.get("Content-Length", length) != length
     if key_header or restate_length:
         headers = headers.copy()
     if key_header:
         headers[key_header] = idempotency_key()
     if restate_length:
-        headers["Content-Length"] = length
+        headers["Content-Length"] = str(length)
+    if payload is None:
+        return replace(request, headers=headers) if key_header else request
     return replace(request, headers=headers, body=payload.body)
-
-
-def keyed(request: UpstreamRequest, key_header: str) -> UpstreamRequest:
-    """A streamed ``request`` under the sidecar's idempotency key, when it adds one."""
-    if not key_header:
-        return request
-    headers = request.headers.copy()
-    headers[key_header] = idempotency_key()
-    return replace(request, headers=headers)

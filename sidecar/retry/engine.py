@@ -18,7 +18,7 @@ from sidecar.config import RouteConfig
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import RepairJob, Repairs
 from sidecar.retry import steps
-from sidecar.retry.attempt import carrying, judge, keyed
+from sidecar.retry.attempt import carrying, judge
 from sidecar.retry.call import describe, terms_of
 from sidecar.retry.cancel import unless_stopped
 from sidecar.retry.controls import RequestControls
@@ -119,14 +119,12 @@ class _Run:
     async def prepare(self, _: steps.Prepare) -> Action:
         """Coerce the agent's payload before the first attempt; put the idempotency key on."""
         payload = self.payload
-        if payload is None:
-            self.request = keyed(self.request, self.own_key)
-            return self.machine.prepared(None)
-        payload = self.engine.repairs.prepare(
-            self.route, self.request.method, self.path, payload, self.controls.repair
-        )
-        if payload.layers:
-            self.hooks.repair_result(self.route, "coercion", "applied")
+        if payload is not None:
+            payload = self.engine.repairs.prepare(
+                self.route, self.request.method, self.path, payload, self.controls.repair
+            )
+            if payload.layers:
+                self.hooks.repair_result(self.route, "coercion", "applied")
         self.request = carrying(self.request, payload, self.own_key)
         return self.machine.prepared(payload)
 
@@ -194,7 +192,6 @@ class _Run:
         return self.machine.resume()
 
     async def repair(self, ask: steps.Repair) -> Action:
-        assert ask.attempt.reply is not None
         self.hooks.repair_started(self.route)
         proposal = await self.engine.repairs.propose(
             RepairJob(
@@ -202,7 +199,7 @@ class _Run:
                 method=self.request.method,
                 path=self.path,
                 payload=ask.payload,
-                reply=ask.attempt.reply,
+                reply=ask.reply,
                 attempt=ask.attempts,
                 level=self.controls.repair,
                 intent=self.controls.intent,

@@ -227,9 +227,9 @@ class RetryMachine(Generic[A]):
         last = self._records[-1]
         decision = decide(self._known(last), self.terms.backoff)
         if isinstance(decision, AskRepair):
-            assert self._payload is not None
+            assert self._payload is not None and last.reply is not None
             return Repair(
-                last,
+                last.reply,
                 self._attempts,
                 self._payload,
                 frozenset(sent.fingerprint for sent in self._sent),

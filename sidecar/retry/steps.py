@@ -125,7 +125,7 @@ class ShareCooldown(NamedTuple):
 class Repair(NamedTuple):
     """Ask the repair layers for a better payload than ``payload`` (``repaired``)."""
 
-    attempt: Attempt
+    reply: Reply  # the failed attempt's answer
     attempts: int  # made so far
     payload: Payload
     tried: frozenset[str]  # the fingerprints of the payloads sent so far
