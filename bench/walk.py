@@ -112,8 +112,10 @@ def main() -> int:
     args = parser.parse_args()
     for tree in args.tree:
         visits = walk(tree)
-        print(f"## {tree}: {len(visits)} visits, {len(set(visits))} modules, "
-              f"{returns(visits)} returns")
+        print(
+            f"## {tree}: {len(visits)} visits, {len(set(visits))} modules, "
+            f"{returns(visits)} returns"
+        )
         print(" → ".join(visits))
     return 0
 
