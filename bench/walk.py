@@ -3,8 +3,8 @@
 A tool on loopback answers ``503`` and then ``200``; the sidecar (the tree given, ahead of
 the installed project) forwards one ``POST``, its waits cut to nothing. A profile hook
 records each call into a module of the package while ``Engine.run`` is on the stack (a
-coroutine's resumptions are not calls); consecutive calls within one module are one visit. A return is a visit to a module the
-walk had already left.
+coroutine's resumptions are not calls); consecutive calls within one module are one visit.
+A return is a visit to a module the walk had already left.
 
     python bench/walk.py --tree /tmp/before --tree .
 """
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 PROBE = r"""
-import asyncio, sys, threading
+import asyncio, sys
 tree = sys.argv[1]
 sys.path.insert(0, tree)
 from aiohttp import ClientSession, web
@@ -72,9 +72,9 @@ async def main():
         await proxy.start()
         proxy_port = proxy._server.sockets[0].getsockname()[1]
         async with ClientSession() as client:
+            url = f"http://127.0.0.1:{proxy_port}/weather"
             sys.setprofile(profile)
-            threading.setprofile(profile)
-            async with client.post(f"http://127.0.0.1:{proxy_port}/weather", json={"city": "Tokyo"}) as answer:
+            async with client.post(url, json={"city": "Tokyo"}) as answer:
                 await answer.read()
             sys.setprofile(None)
             assert answer.status == 200, answer.status
