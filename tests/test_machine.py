@@ -8,6 +8,8 @@ real budget and circuit, and checks the actions, the trail and the result.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -154,6 +156,7 @@ class Played:
     actions: list[str]
     result: Result[Handle]
     handles: list[Handle]
+    machine: weakref.ref[RetryMachine[Handle]]
 
 
 def play(life: Life) -> Played:
@@ -213,7 +216,7 @@ def play(life: Life) -> Played:
             actions[-1] = reported(action)
             action = machine.resume()
     assert machine.trail == action.trail
-    return Played(actions, action, handles)
+    return Played(actions, action, handles, weakref.ref(machine))
 
 
 def reported(action: Step[Handle]) -> str:
@@ -375,3 +378,14 @@ def test_records_are_immutable_once_made() -> None:
     attempt, _ = judged(send, "503")
     with pytest.raises(AttributeError):
         attempt.label = "200"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("life", LIVES, ids=[life.name for life in LIVES])
+def test_a_finished_life_is_freed_without_the_garbage_collector(life: Life) -> None:
+    """The machine holds no reference to itself: the request's records, answers and trail go
+    when the request does, not at the collector's next pass."""
+    gc.disable()
+    try:
+        assert play(life).machine() is None
+    finally:
+        gc.enable()

@@ -88,7 +88,9 @@ class RetryMachine(Generic[A]):
         self._attempts = self._retries = 0
         self._previous_wait: float | None = None
         self._queue: list[Step[A]] = []  # actions due before ``_then``
-        self._then: Callable[[], Step[A]] = self._decide
+        # What follows the queue: a function, not a bound method, which would make the
+        # machine a reference cycle that only the garbage collector can free.
+        self._then: Callable[[RetryMachine[A]], Step[A]] = RetryMachine._decide
         self._result: Result[A] | None = None
 
     @property
@@ -141,7 +143,7 @@ class RetryMachine(Generic[A]):
         )
         if isinstance(plan, Wait):
             self._trail.append(f"{plan.source}={seconds_token(plan.seconds)}")
-            self._then = self._read_cooldown
+            self._then = RetryMachine._read_cooldown
             return WaitCooldown(plan.seconds)
         self._trail.append(f"cooldown={seconds_token(cooldown_s)} stop={plan.value}")
         if not self._records:
@@ -153,11 +155,11 @@ class RetryMachine(Generic[A]):
 
     def slept(self) -> Step[A]:
         """A wait ended."""
-        return self._then()
+        return self._then(self)
 
     def resume(self) -> Step[A]:
         """An action that has no answer of its own (a report, a share) was carried out."""
-        return self._queue.pop(0) if self._queue else self._then()
+        return self._queue.pop(0) if self._queue else self._then(self)
 
     def hedge_due(self) -> Send | None:
         """The hedge's timer fired before any answer's head: a copy, when the budget pays."""
@@ -184,7 +186,7 @@ class RetryMachine(Generic[A]):
             path = self.terms.path if attempt.path_scoped else None
             self._queue.append(ShareCooldown(attempt.requested_s, path))
         if self._queue:
-            self._then = self._decide
+            self._then = RetryMachine._decide
             return self._queue.pop(0)
         return self._decide()
 
@@ -254,7 +256,7 @@ class RetryMachine(Generic[A]):
             self._unjudged = decision.layer
             self._payload = payload
             self._sent.append(payload)
-            self._then = self._gate
+            self._then = RetryMachine._gate
             return UsePayload(payload, decision.layer, self._attempts, last.label)
         assert isinstance(decision, Retry)
         return self._wait(decision.wait, last)
@@ -269,7 +271,7 @@ class RetryMachine(Generic[A]):
         reason = verdict.reason if verdict.action is Action.RETRY else "server_error"
         self._trail.append(f"{last.label} {wait.source}={seconds_token(wait.seconds)}")
         self._previous_wait = wait.seconds
-        self._then = self._gate
+        self._then = RetryMachine._gate
         return WaitRetry(wait, self._attempts, last.label, reason, last.failure)
 
     def _gate(self) -> Step[A]:
