@@ -165,3 +165,14 @@ def test_importing_the_retry_machine_loads_no_io() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True
     ).stdout.split()
     assert not loaded, "importing the retry machine loads: " + ", ".join(loaded)
+
+
+def test_only_the_retry_machine_asks_decide() -> None:
+    """Every decision after an attempt goes through the machine, which owns what follows."""
+    askers = [
+        name(path)
+        for path in modules()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and node.module == "sidecar.retry.decide"
+    ]
+    assert askers == ["sidecar/retry/machine.py"], askers
