@@ -31,6 +31,7 @@ from sidecar.retry.decide import (
     SendRepaired,
     Stop,
     decide,
+    done,
 )
 from sidecar.retry.guards.budget import RetryBudget
 from sidecar.retry.guards.circuit import CircuitBreaker, Ticket
@@ -65,6 +66,30 @@ _SUCCEEDED = frozenset({Outcome.OK, Outcome.RECOVERED})
 class RetryMachine(Generic[A]):
     """One request's retry life. ``start`` gives the first action; each event method the
     next one, until a ``Result``."""
+
+    # Made on every request: slots keep its state off a dict.
+    __slots__ = (
+        "__weakref__",
+        "_answer",
+        "_answered_layers",
+        "_attempts",
+        "_budget",
+        "_circuit",
+        "_clock",
+        "_llm_repairs_left",
+        "_payload",
+        "_previous_wait",
+        "_queue",
+        "_records",
+        "_result",
+        "_retries",
+        "_sent",
+        "_then",
+        "_ticket",
+        "_trail",
+        "_unjudged",
+        "terms",
+    )
 
     def __init__(
         self,
@@ -227,6 +252,9 @@ class RetryMachine(Generic[A]):
 
     def _decide(self) -> Step[A]:
         last = self._records[-1]
+        verdict = last.verdict
+        if verdict.action is Action.DONE:
+            return self._carry_out(done(verdict, self._retries, slow_body=last.slow_body), None)
         decision = decide(self._known(last), self.terms.backoff)
         if isinstance(decision, AskRepair):
             assert self._payload is not None and last.reply is not None
