@@ -9,6 +9,8 @@ failure names every offender, so one run shows all that is left to split.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,3 +95,84 @@ def test_imports_point_down_the_layers() -> None:
                 if layer_of(node.module) > here:
                     upward.append(f"{name(path)}:{node.lineno} imports {node.module}")
     assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
+
+
+# The retry loop only carries out what the retry machine decides: kept small and nearly
+# branchless, so a rule added to it shows here rather than hiding in the loop.
+ENGINE = PACKAGE / "retry" / "engine.py"
+MAX_ENGINE_LINES = 250
+MAX_ENGINE_BRANCHES = 12
+
+
+def test_the_retry_engine_stays_a_thin_loop() -> None:
+    source = ENGINE.read_text()
+    lines = len(source.splitlines())
+    branches = [
+        node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.If | ast.While)
+    ]
+    assert lines <= MAX_ENGINE_LINES, f"{name(ENGINE)}: {lines} lines"
+    assert len(branches) <= MAX_ENGINE_BRANCHES, (
+        f"{name(ENGINE)}: {len(branches)} if/elif/while lines (at most {MAX_ENGINE_BRANCHES}): "
+        + ", ".join(map(str, branches))
+    )
+
+
+# The retry machine is pure: what it imports, however indirectly, does no I/O of its own.
+PURE_MODULES = ("sidecar.retry.machine", "sidecar.retry.steps")
+IMPURE = ("asyncio", "aiohttp", "sidecar.transport", "sidecar.telemetry", "sidecar.config.loader")
+
+
+def imported_by(module: str) -> set[str]:
+    """Every module ``module`` imports, directly or through the package's own modules."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        current = todo.pop()
+        path = PACKAGE.parent / (current.replace(".", "/") + ".py")
+        if not path.exists():
+            path = path.with_suffix("") / "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            for imported in names:
+                if imported not in seen:
+                    seen.add(imported)
+                    if imported.startswith("sidecar."):
+                        todo.append(imported)
+    return seen
+
+
+def test_the_retry_machine_imports_no_io() -> None:
+    impure = {
+        f"{module} -> {imported}"
+        for module in PURE_MODULES
+        for imported in imported_by(module)
+        if imported.startswith(IMPURE)
+    }
+    assert not impure, "the retry machine reaches I/O:\n" + "\n".join(sorted(impure))
+
+
+def test_importing_the_retry_machine_loads_no_io() -> None:
+    """The same, as Python sees it: a fresh interpreter that imports the machine."""
+    probe = (
+        "import sys, sidecar.retry.machine\n"
+        f"print('\\n'.join(m for m in sys.modules if m.startswith({IMPURE!r})))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert not loaded, "importing the retry machine loads: " + ", ".join(loaded)
+
+
+def test_only_the_retry_machine_asks_decide() -> None:
+    """Every decision after an attempt goes through the machine, which owns what follows."""
+    askers = [
+        name(path)
+        for path in modules()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.ImportFrom) and node.module == "sidecar.retry.decide"
+    ]
+    assert askers == ["sidecar/retry/machine.py"], askers

@@ -8,9 +8,12 @@ from dataclasses import dataclass, replace
 
 from sidecar.config import RouteConfig
 from sidecar.repair.payload import Payload
+from sidecar.retry.controls import RequestControls
 from sidecar.retry.guards.route import RouteGuards
-from sidecar.retry.guards.tools import tool_of
+from sidecar.retry.guards.tools import ToolGuards, tool_of
+from sidecar.retry.policy import Limits
 from sidecar.retry.replay import Rpc, mcp_call, mcp_safe, safe_to_repeat
+from sidecar.retry.steps import Terms
 from sidecar.transport.exchange import UpstreamRequest
 
 # The OpenAPI path template a ``method path`` matched on a route, when its schema has one.
@@ -31,6 +34,7 @@ class Call:
     # others too, but never hedges them.
     safe_to_repeat: bool
     tool: str  # whose circuit and cooldowns it goes by ("": the whole route's)
+    lists_tools: bool  # an MCP ``tools/list``: its result says which tools are safe to repeat
 
 
 def describe(
@@ -58,4 +62,30 @@ def describe(
     own_key = "" if header in request.headers else header
     if rpc is not None and rpc.id is not None:
         request = replace(request, rpc_id=rpc.id)
-    return Call(request, path, rpc, own_key, safe, tool_of(scope, path, template, rpc))
+    tool = tool_of(scope, path, template, rpc)
+    lists = rpc is not None and rpc[0] == "tools/list"
+    return Call(request, path, rpc, own_key, safe, tool, lists)
+
+
+def terms_of(
+    route: RouteConfig, controls: RequestControls, call: Call, guards: RouteGuards, now: float
+) -> tuple[Terms, ToolGuards]:
+    """What the call's retries are bound by (the route's settings, lowered by the agent's),
+    and the guards of its tool."""
+    tuning = route.tuning
+    tool, tool_guards = guards.tool(call.tool)
+    terms = Terms(
+        limits=Limits(controls.max_retries, tuning.max_retry_after_ms / 1000),
+        backoff=guards.backoff,
+        deadline=now + controls.timeout_s,
+        per_try_s=tuning.per_try_timeout_ms / 1000,
+        agent_deadline=controls.agent_deadline,
+        safe_to_repeat=call.safe_to_repeat,
+        replay_always=tuning.replay_delivered == "always",
+        hedge_after_s=tuning.hedge_after_ms / 1000,
+        llm_max_repairs=tuning.llm_max_repairs,
+        tool=tool,
+        path=call.path,
+        shares_cooldowns=tool_guards.fleet is not None,
+    )
+    return terms, tool_guards

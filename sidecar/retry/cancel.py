@@ -20,12 +20,8 @@ import contextlib
 from collections.abc import Awaitable, Iterator, Mapping
 from typing import TypeVar
 
-from sidecar.outcomes import AttemptError, Outcome
-from sidecar.retry.attempt import Result
-from sidecar.retry.guards.circuit import CircuitBreaker, Ticket
 from sidecar.tool.eventstream import rpc_id_text
 from sidecar.tool.json_value import parse_json
-from sidecar.transport.exchange import Answer
 
 SESSION_HEADER = "Mcp-Session-Id"
 CANCELLED = "notifications/cancelled"
@@ -106,19 +102,3 @@ async def unless_stopped(work: Awaitable[Ended], stop: asyncio.Event | None) -> 
             # Ended before this returns: its attempt's connection is closed, its spans end.
             await asyncio.wait((task,))
     return task.result() if not task.cancelled() else None
-
-
-def cancelled(
-    circuit: CircuitBreaker, ticket: Ticket, attempts: int, trail: list[str], answer: Answer | None
-) -> Result:
-    """What a cancelled request returns: the tool's last whole answer, else the sidecar's
-    ``UPSTREAM_TIMEOUT`` (``reason: cancelled``). The circuit counts no verdict for it."""
-    circuit.abandon(ticket)
-    trail.append("stop=cancelled")
-    if answer is not None and not answer.complete:
-        answer.discard()  # an answer still streaming cannot wait to be relayed
-        answer = None
-    error = AttemptError.TIMEOUT if answer is None else None
-    result = Result(Outcome.DEADLINE, attempts, trail, answer, error)
-    result.error_reason = "cancelled"
-    return result

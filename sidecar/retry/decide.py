@@ -79,7 +79,7 @@ def decide(state: AfterAttempt, backoff: Backoff) -> Decision:
     """The contract's rules, after one attempt, in the order they apply."""
     verdict = state.verdict
     if verdict.action is Action.DONE:
-        return _done(state)
+        return done(verdict, state.retries, slow_body=state.slow_body)
     if verdict.reason == "timeout" and state.cut_by_deadline:
         return Stop(Outcome.DEADLINE, "stop=deadline")
     if not state.replayable or (verdict.only_if_safe and not state.safe_to_repeat):
@@ -96,14 +96,15 @@ def decide(state: AfterAttempt, backoff: Backoff) -> Decision:
     return _retry_same(state, backoff)
 
 
-def _done(state: AfterAttempt) -> Stop:
-    """An answer that goes back as it is."""
-    verdict = state.verdict
+def done(verdict: Verdict, retries: int, *, slow_body: bool) -> Stop:
+    """An answer that goes back as it is (a ``DONE`` verdict): the first rule of ``decide``,
+    which needs none of the rest of what is known. The retry machine asks it first, so the
+    most common end of a request gathers no more."""
     if verdict.success:
-        return _OK if state.retries == 0 else _RECOVERED
+        return _OK if retries == 0 else _RECOVERED
     if verdict.reason == "overloaded":
         return Stop(Outcome.OVERLOADED)
-    return Stop(Outcome.NOT_RETRYABLE, "stop=slow_body" if state.slow_body else None)
+    return Stop(Outcome.NOT_RETRYABLE, "stop=slow_body" if slow_body else None)
 
 
 def _send_repaired(state: AfterAttempt, layer: str) -> Decision:

@@ -2,8 +2,8 @@
 head wins, and the other copy is cancelled, which closes its connection.
 
 Envoy (``hedge_on_per_try_timeout``), gRPC and Polly send a second copy after a delay
-without knowing whether running the call twice is harmless; the engine asks for a hedge
-only when it is (``replay.safe_to_repeat``) and the retry budget pays for it.
+without knowing whether running the call twice is harmless; the retry machine asks for a
+hedge only when it is (``replay.safe_to_repeat``) and the retry budget pays for it.
 """
 
 from __future__ import annotations
@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from sidecar.outcomes import CANCELLED_ATTEMPT, AttemptError
-from sidecar.retry.attempt import seconds_token
-from sidecar.retry.guards.budget import RetryBudget
+from sidecar.retry.steps import Send, SendHedged
 from sidecar.telemetry import Hooks
 from sidecar.transport.exchange import Malformed, UpstreamRequest, send
 from sidecar.transport.pool import Pool, Response
@@ -87,90 +86,67 @@ async def _first_answered(
     return unanswered
 
 
-# Not frozen, as ``call.Call``: one is made for every attempt.
-@dataclass(slots=True)
-class Copy:
-    """One copy of a request as sent: an attempt of its own."""
-
-    number: int  # the attempt number it went as
-    started: float  # on the engine's clock
-    per_try_s: float  # its timeout until the answer's head
-    hedge: bool = False
-
-
 Sent = Response | AttemptError | Malformed
-Copied = tuple[Copy, Sent]
-# Tells the hooks a copy started (the request as it must go) and makes its record.
-StartCopy = Callable[[bool], tuple[Copy, UpstreamRequest]]
+Copied = tuple[Send, Sent]
 
 
 class Hedging:
-    """One request's hedged attempts: when a copy may go, what it costs, how each ends."""
+    """The I/O of hedged attempts: the race of the copies, and how each one ends. Whether a
+    copy may go (the budget pays for it) is the retry machine's ``hedge_due``."""
 
-    def __init__(
-        self,
-        start: StartCopy,
-        pool: Pool,
-        *,
-        after_s: float,
-        budget: RetryBudget,
-        hooks: Hooks,
-        route: str,
-        clock: Callable[[], float],
-        trail: list[str],
-    ) -> None:
-        self._start = start
+    def __init__(self, pool: Pool, hooks: Hooks, clock: Callable[[], float]) -> None:
         self._pool = pool
-        self._after_s = after_s
-        self._budget = budget
         self._hooks = hooks
-        self._route = route
         self._clock = clock
-        self._trail = trail
 
-    async def send(self) -> Copied:
+    async def send(
+        self,
+        route: str,
+        request: UpstreamRequest,
+        hedged: SendHedged,
+        hedge_due: Callable[[], Send | None],
+    ) -> Copied:
         """The attempt's first answer head, or, when none came, what ended last."""
+        copies = [hedged.first]
+
+        def may_hedge() -> bool:
+            copy = hedge_due()
+            if copy is not None:
+                copies.append(copy)
+            return copy is not None
+
+        async def copy_of(hedge: bool) -> Copied:
+            copy = copies[-1] if hedge else hedged.first
+            sent_as = self._hooks.attempt_started(copy.number, request, hedge=hedge)
+            try:
+                return copy, await send(self._pool, sent_as, copy.per_try_s)
+            except asyncio.CancelledError:
+                self._finished(route, copy, CANCELLED_ATTEMPT)
+                raise
+
         raced = await race(
-            self._copy,
-            after_s=self._after_s,
-            may_hedge=self._may_hedge,
+            copy_of,
+            after_s=hedged.after_s,
+            may_hedge=may_hedge,
             answered=_answered,
-            dropped=self._dropped,
+            dropped=lambda copied: self._dropped(route, copied),
         )
         if raced.hedged:
             won = "won" if raced.sent[0].hedge else "lost"
-            self._hooks.hedge_finished(self._route, won if _answered(raced.sent) else "unanswered")
+            self._hooks.hedge_finished(route, won if _answered(raced.sent) else "unanswered")
         return raced.sent
 
-    async def _copy(self, hedge: bool) -> Copied:
-        copy, request = self._start(hedge)
-        try:
-            return copy, await send(self._pool, request, copy.per_try_s)
-        except asyncio.CancelledError:
-            self._finished(copy, CANCELLED_ATTEMPT)
-            raise
-
-    def _may_hedge(self) -> bool:
-        """A copy is a retry sent early: the budget pays for it, or it does not go."""
-        if not self._budget.available():
-            return False
-        self._budget.spend()
-        self._trail.append(f"hedge={seconds_token(self._after_s)}")
-        return True
-
-    def _dropped(self, copied: Copied) -> None:
+    def _dropped(self, route: str, copied: Copied) -> None:
         copy, sent = copied
         if isinstance(sent, Response):
             sent.close()
-            self._finished(copy, str(sent.status))
+            self._finished(route, copy, str(sent.status))
         else:
             error = AttemptError.MALFORMED if isinstance(sent, Malformed) else sent
-            self._finished(copy, error.value)
+            self._finished(route, copy, error.value)
 
-    def _finished(self, copy: Copy, label: str) -> None:
-        self._hooks.attempt_finished(
-            self._route, copy.number, label, self._clock() - copy.started, None
-        )
+    def _finished(self, route: str, copy: Send, label: str) -> None:
+        self._hooks.attempt_finished(route, copy.number, label, self._clock() - copy.started, None)
 
 
 def _answered(copied: Copied) -> bool:

@@ -14,10 +14,10 @@ from sidecar import ids
 from sidecar.credentials import mask_path
 from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
-from sidecar.retry.attempt import Result
 from sidecar.retry.cancel import InFlight
 from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
+from sidecar.retry.steps import Result
 from sidecar.serve import answers
 from sidecar.serve.agentwire import AgentRequest, Reply
 from sidecar.serve.intake import BodyIntake, StreamedBody, client_too_slow
@@ -27,7 +27,7 @@ from sidecar.telemetry import Hooks
 from sidecar.telemetry.contract import UNMATCHED_ROUTE
 from sidecar.transport.buffers import BufferBudget, Ledger
 from sidecar.transport.connection import RequestBody
-from sidecar.transport.exchange import UpstreamRequest
+from sidecar.transport.exchange import Answer, UpstreamRequest
 from sidecar.transport.headers import undeliverable_header, upstream_request_headers
 
 _log = structlog.get_logger("sidecar")
@@ -250,7 +250,7 @@ class Proxy:
         return response
 
     def _answer_of_our_own(
-        self, route: str, result: Result, streamed: StreamedBody | None
+        self, route: str, result: Result[Answer], streamed: StreamedBody | None
     ) -> Reply:
         """The answer when the tool gave none the agent can have."""
         report = _report(result)
@@ -319,7 +319,7 @@ async def _continue(request: AgentRequest) -> None:
     await request.send_continue()
 
 
-def _report(result: Result) -> dict[str, str]:
+def _report(result: Result[Answer]) -> dict[str, str]:
     """The ``X-Sidecar-*`` headers that tell the agent what the sidecar did."""
     report = answers.report_headers(
         result.outcome, ", ".join(result.trail), attempts=result.attempts

@@ -1,0 +1,204 @@
+"""What the retry machine takes in and gives out: the attempt records, the actions it asks
+the engine for, the result that ends a request's life, and the terms that bound it.
+
+Named tuples: immutable once made, and made at a tuple's cost (an attempt's records are
+made on every request's path).
+"""
+
+from __future__ import annotations
+
+from typing import Generic, NamedTuple, Protocol, TypeVar
+
+from sidecar.outcomes import AttemptError, Outcome, Wait
+from sidecar.repair.payload import Payload
+from sidecar.retry.classify import Verdict
+from sidecar.retry.policy import Backoff, Limits
+from sidecar.tool.envelopes import Reply, ToolFailure
+
+
+class Held(Protocol):
+    """The tool's answer as the machine holds it: whole or still streaming, and droppable."""
+
+    @property
+    def complete(self) -> bool: ...
+
+    def discard(self) -> None: ...
+
+
+A = TypeVar("A", bound=Held)
+
+
+def seconds_token(value: float) -> str:
+    """Short seconds for the trail, three significant digits: ``0.8s``, ``2s``, ``0.0163s``."""
+    return f"{value:.3g}s"
+
+
+class Send(NamedTuple):
+    """Send the request as attempt ``number`` — the action, and the copy's record."""
+
+    number: int
+    started: float  # on the machine's clock
+    per_try_s: float  # its timeout until the answer's head
+    hedge: bool = False  # a copy of the attempt before it, which is still waiting
+
+
+class Attempt(NamedTuple):
+    """One attempt's answer, judged: what the machine reasons about."""
+
+    copy: Send
+    label: str  # its token in the trail: the status, or the ``AttemptError``'s value
+    verdict: Verdict
+    reply: Reply | None = None  # the answer's status and envelope, when it answered
+    error: AttemptError | None = None  # else what it ran into
+    error_reason: str | None = None  # why an answer was refused as malformed
+    requested_s: float | None = None  # the wait the tool asked for
+    path_scoped: bool = False  # ... for the called path only (its envelope said so)
+    slow_body: bool = False  # the body did not come within the inspection window
+
+    @property
+    def failure(self) -> ToolFailure | None:
+        return self.reply.failure if self.reply is not None else None
+
+    @property
+    def stopped_outcome(self) -> Outcome:
+        """The outcome when retries end before their limit because of the tool's state."""
+        error = self.error
+        return Outcome.UNREACHABLE if error and error.not_connected else Outcome.EXHAUSTED
+
+
+class Result(NamedTuple, Generic[A]):
+    """What goes back to the agent, and how it came to be: the action that ends a life."""
+
+    outcome: Outcome
+    attempts: int
+    trail: tuple[str, ...]
+    answer: A | None = None  # the tool's last real answer, when one exists
+    error: AttemptError | None = None  # else: what the last attempt ran into
+    error_reason: str | None = None  # ... in more words, when there are more to say
+    circuit_open_for_s: float | None = None  # else: the circuit refused to try at all
+    tool: str = ""  # ... the tool whose circuit or cooldown it was ("": the whole route)
+    repaired: tuple[str, ...] = ()  # the layers that changed the body behind ``answer``
+
+
+# Actions besides ``Send`` and ``Result``.
+
+
+class SendHedged(NamedTuple):
+    """Send ``first``; when no answer's head came after ``after_s``, ask ``hedge_due``."""
+
+    first: Send
+    after_s: float
+
+
+class WaitCooldown(NamedTuple):
+    """Wait out the fleet's cooldown of the tool, then read it again."""
+
+    seconds: float
+
+
+class WaitRetry(NamedTuple):
+    """Wait, then send the same payload again."""
+
+    wait: Wait
+    attempts: int  # made so far
+    label: str  # the last attempt's
+    reason: str
+    failure: ToolFailure | None
+
+
+class Prepare(NamedTuple):
+    """Before the first attempt: coerce the agent's payload, put the idempotency key on
+    (``prepared`` with the payload that goes)."""
+
+
+class ReadCooldown(NamedTuple):
+    """Read the fleet's cooldown of the tool (``cooldown_read`` with what it says)."""
+
+
+class ShareCooldown(NamedTuple):
+    """Tell the fleet the wait the tool asked for: the whole tool's, or ``path``'s."""
+
+    seconds: float
+    path: str | None
+
+
+class Repair(NamedTuple):
+    """Ask the repair layers for a better payload than ``payload`` (``repaired``)."""
+
+    reply: Reply  # the failed attempt's answer
+    attempts: int  # made so far
+    payload: Payload
+    tried: frozenset[str]  # the fingerprints of the payloads sent so far
+    llm_repairs_left: int
+    time_left_s: float
+
+
+class UsePayload(NamedTuple):
+    """The repaired ``payload`` is the body of the next attempts (a new payload, a new key)."""
+
+    payload: Payload
+    layer: str
+    attempts: int  # made so far
+    label: str  # the attempt it repairs
+
+
+class RepairJudged(NamedTuple):
+    """Report: the attempt that carried ``layer``'s payload succeeded or failed."""
+
+    layer: str
+    result: str  # "applied", "succeeded", "failed"
+
+
+class BudgetExhausted(NamedTuple):
+    """Report: the route's retry budget stopped a retry."""
+
+
+class CircuitRefused(NamedTuple):
+    """Report: the circuit refused the request before any attempt."""
+
+
+class Settle(NamedTuple):
+    """Count the request's verdict in the circuit (``settled`` for the result)."""
+
+    failed: bool
+
+
+PREPARE = Prepare()
+READ_COOLDOWN = ReadCooldown()
+BUDGET_EXHAUSTED = BudgetExhausted()
+CIRCUIT_REFUSED = CircuitRefused()
+SETTLE_FAILED, SETTLE_OK = Settle(True), Settle(False)
+
+Step = (
+    Send
+    | SendHedged
+    | WaitCooldown
+    | WaitRetry
+    | Prepare
+    | ReadCooldown
+    | ShareCooldown
+    | Repair
+    | UsePayload
+    | RepairJudged
+    | BudgetExhausted
+    | CircuitRefused
+    | Settle
+    | Result[A]
+)
+
+
+class Terms(NamedTuple):
+    """What a request's life is bound by, read once before it starts."""
+
+    limits: Limits
+    backoff: Backoff
+    deadline: float  # on the machine's clock
+    per_try_s: float  # the configured per-try timeout
+    agent_deadline: bool  # the agent set the deadline: it bounds the first attempt too
+    safe_to_repeat: bool  # the call may run twice at the tool without harm
+    replay_always: bool  # ``replay_delivered: always``: sent again once delivered, even so
+    hedge_after_s: float  # when a copy goes, for a call safe to repeat; 0: never
+    llm_max_repairs: int
+    tool: str  # whose circuit and cooldowns the call goes by
+    path: str  # the called path, for a cooldown the tool scoped to it
+    shares_cooldowns: bool  # the fleet keeps the tool's cooldowns

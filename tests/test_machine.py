@@ -1,0 +1,395 @@
+"""Whole request lives through the retry machine, as a table: no sockets, no event loop.
+
+Each row is one life, told as what the world answers each time the machine asks (h11's and
+tenacity's way): an attempt's answer, the fleet's cooldown, the repair layers' answer, or
+the agent's cancellation. The driver plays the engine's part with an injected clock, the
+real budget and circuit, and checks the actions, the trail and the result.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from sidecar.outcomes import AttemptError, Outcome
+from sidecar.repair.payload import Payload
+from sidecar.retry.classify import classify
+from sidecar.retry.guards.budget import RetryBudget
+from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState
+from sidecar.retry.machine import RetryMachine
+from sidecar.retry.policy import Backoff, Limits
+from sidecar.retry.steps import (
+    Attempt,
+    BudgetExhausted,
+    CircuitRefused,
+    Prepare,
+    ReadCooldown,
+    Repair,
+    RepairJudged,
+    Result,
+    Send,
+    SendHedged,
+    Settle,
+    ShareCooldown,
+    Step,
+    Terms,
+    UsePayload,
+    WaitCooldown,
+    WaitRetry,
+)
+from sidecar.tool.envelopes import Reply, ToolFailure
+
+RETRY_ON = frozenset({500, 502, 503, 504})
+# No jitter, and requested waits not stretched: every wait below is exact.
+BACKOFF = Backoff(base_s=0.5, cap_s=10.0, multiplier=2.0, jitter="none", uniform=lambda a, b: a)
+ATTEMPT_S = 0.05  # what an attempt takes unless its token says otherwise
+VALIDATION = ToolFailure("problem+json", message="lat: Input should be a valid number")
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Handle:
+    """The tool's answer as the machine holds it."""
+
+    label: str
+    complete: bool = True
+    discarded: bool = False
+
+    def discard(self) -> None:
+        self.discarded = True
+
+
+@dataclass(frozen=True)
+class Life:
+    """One request's life: the world's answers in order, and what the machine made of it."""
+
+    name: str
+    world: tuple[str, ...]
+    actions: str  # the kinds of action the machine asked for, in order
+    trail: str
+    outcome: Outcome
+    attempts: int
+    max_retries: int = 3
+    timeout_s: float = 10.0
+    budget_per_s: float = 10.0  # the retry budget's floor; 0: no retries at all
+    safe_to_repeat: bool = True
+    hedge_after_s: float = 0.0
+    shares_cooldowns: bool = False
+    streamed: bool = False
+    circuit_open: bool = False  # before the request
+    trip_in_wait: bool = False  # other requests' failures open it while this one waits
+    answer: str | None = None  # the label of the tool's answer that goes back
+    error: AttemptError | None = None
+    open_for_s: float | None = None
+    settled: str = ""  # how the circuit counts it: "failed", "ok", "" for not at all
+
+
+def judged(copy: Send, token: str) -> tuple[Attempt, Handle | None]:
+    """An attempt's answer, as ``attempt.judge`` reads it: ``503``, ``429 retry-after=1``,
+    ``422`` (a validation error), or an ``AttemptError``'s value."""
+    label, _, asked = token.partition(" retry-after=")
+    if not label.isdigit():
+        error = AttemptError(label)
+        return Attempt(copy, label, classify(error, RETRY_ON), error=error), None
+    status = int(label)
+    reply = Reply(status, VALIDATION if status == 422 else None)
+    requested_s = float(asked) if asked else None
+    verdict = classify(reply, RETRY_ON)
+    return Attempt(copy, label, verdict, reply, requested_s=requested_s), Handle(label)
+
+
+def circuit_for(clock: Clock) -> CircuitBreaker:
+    return CircuitBreaker(
+        min_failures=1,
+        min_calls=1,
+        failure_rate=0.5,
+        window_s=10.0,
+        open_s=30.0,
+        probes=1,
+        clock=clock,
+    )
+
+
+def trip(circuit: CircuitBreaker) -> None:
+    """Other requests' failures open the circuit."""
+    ticket = circuit.admit()
+    assert not isinstance(ticket, float)
+    circuit.record(ticket, failed=True)
+    assert circuit.state is CircuitState.OPEN
+
+
+def machine_for(life: Life, clock: Clock) -> tuple[RetryMachine[Handle], CircuitBreaker]:
+    terms = Terms(
+        limits=Limits(life.max_retries, 30.0),
+        backoff=BACKOFF,
+        deadline=clock() + life.timeout_s,
+        per_try_s=2.0,
+        agent_deadline=False,
+        safe_to_repeat=life.safe_to_repeat,
+        replay_always=False,
+        hedge_after_s=life.hedge_after_s,
+        llm_max_repairs=1,
+        tool="weather",
+        path="/weather/current",
+        shares_cooldowns=life.shares_cooldowns,
+    )
+    circuit = circuit_for(clock)
+    if life.circuit_open:
+        trip(circuit)
+    budget = RetryBudget(1.0 if life.budget_per_s else 0.0, life.budget_per_s, clock)
+    return RetryMachine(terms, circuit=circuit, budget=budget, clock=clock), circuit
+
+
+@dataclass
+class Played:
+    actions: list[str]
+    result: Result[Handle]
+    handles: list[Handle]
+    machine: weakref.ref[RetryMachine[Handle]]
+
+
+def play(life: Life) -> Played:
+    """Drive ``life`` through the machine, answering each action from its world."""
+    clock = Clock()
+    machine, circuit = machine_for(life, clock)
+    world: Iterator[str] = iter(life.world)
+    actions: list[str] = []
+    handles: list[Handle] = []
+
+    def answer(copy: Send, token: str) -> Step[Handle]:
+        seconds = token.rpartition(" +")[2] if " +" in token else ""
+        token = token.partition(" +")[0]
+        clock.now += float(seconds.rstrip("s")) if seconds else ATTEMPT_S
+        attempt, handle = judged(copy, token)
+        if handle is not None:
+            handles.append(handle)
+        return machine.answered(attempt, handle)
+
+    action: Step[Handle] = machine.start()
+    while not isinstance(action, Result):
+        actions.append(type(action).__name__)
+        if isinstance(action, Settle):
+            actions[-1] = f"Settle:{'failed' if action.failed else 'ok'}"
+            action = machine.settled()
+            continue
+        if isinstance(action, Prepare):
+            action = machine.prepared(None if life.streamed else Payload(b'{"lat": "35.6"}'))
+            continue
+        token = next(world) if isinstance(action, Send | SendHedged | ReadCooldown | Repair) else ""
+        if token == "cancel":
+            actions.append("cancelled")
+            action = machine.cancelled()
+        elif isinstance(action, Send):
+            action = answer(action, token)
+        elif isinstance(action, SendHedged):
+            clock.now += action.after_s
+            copy = machine.hedge_due()
+            actions.append("hedge" if copy else "no hedge")
+            action = answer(copy or action.first, token)
+        elif isinstance(action, WaitRetry | WaitCooldown):
+            seconds = action.wait.seconds if isinstance(action, WaitRetry) else action.seconds
+            clock.now += seconds
+            if life.trip_in_wait:
+                trip(circuit)
+            action = machine.slept()
+        elif isinstance(action, ReadCooldown):
+            action = machine.cooldown_read(float(token.removeprefix("cooldown=")))
+        elif isinstance(action, Repair):
+            layer = token.removeprefix("repair=")
+            if layer == "none":
+                action = machine.repaired(None, None, False, 0)
+            else:
+                payload = Payload(b'{"lat": 35.6}', (*action.payload.layers, layer))
+                action = machine.repaired(payload, layer, False, 0)
+        else:
+            actions[-1] = reported(action)
+            action = machine.resume()
+    assert machine.trail == action.trail
+    return Played(actions, action, handles, weakref.ref(machine))
+
+
+def reported(action: Step[Handle]) -> str:
+    """An action with no answer of its own, as the table writes it."""
+    if isinstance(action, ShareCooldown):
+        return f"ShareCooldown:{action.seconds:g}s"
+    if isinstance(action, UsePayload):
+        return f"UsePayload:{action.layer}"
+    if isinstance(action, RepairJudged):
+        return f"RepairJudged:{action.layer}:{action.result}"
+    assert isinstance(action, BudgetExhausted | CircuitRefused)
+    return type(action).__name__
+
+
+LIVES = [
+    Life("first answer ok", ("200",), "Prepare Send Settle:ok", "200", Outcome.OK, 1,
+         answer="200", settled="ok"),
+    Life("503, wait, 200", ("503", "200"),
+         "Prepare Send WaitRetry Send Settle:ok",
+         "503 backoff=0.5s, 200", Outcome.RECOVERED, 2, answer="200", settled="ok"),
+    Life("429 with Retry-After, then 200", ("429 retry-after=1", "200"),
+         "Prepare Send WaitRetry Send Settle:ok",
+         "429 retry_after=1s, 200", Outcome.RECOVERED, 2, answer="200", settled="ok"),
+    Life("Retry-After past the longest wait honoured", ("429 retry-after=120",),
+         "Prepare Send Settle:ok",
+         "429 stop=not-retryable", Outcome.NOT_RETRYABLE, 1, answer="429", settled="ok"),
+    Life("validation error, repaired, 200", ("422", "repair=coercion", "200"),
+         "Prepare Send Repair UsePayload:coercion Send RepairJudged:coercion:succeeded Settle:ok",
+         "422 repair=coercion, 200", Outcome.RECOVERED, 2, answer="200", settled="ok"),
+    Life("validation error no layer can repair", ("422", "repair=none"),
+         "Prepare Send Repair Settle:ok",
+         "422 repair=none", Outcome.NOT_RETRYABLE, 1, answer="422", settled="ok"),
+    Life("circuit open: no attempt", (), "CircuitRefused", "circuit_open",
+         Outcome.UNREACHABLE, 0, circuit_open=True, open_for_s=30.0),
+    Life("circuit opens during the wait: the 503 goes back", ("503",),
+         "Prepare Send WaitRetry Settle:failed",
+         "503 backoff=0.5s, circuit_open", Outcome.EXHAUSTED, 1, answer="503",
+         trip_in_wait=True, settled="failed"),
+    Life("hedge won", ("200",), "Prepare SendHedged hedge Settle:ok",
+         "hedge=0.2s, 200", Outcome.OK, 2, hedge_after_s=0.2, answer="200", settled="ok"),
+    Life("hedge not paid for: the budget is spent", ("200",),
+         "Prepare SendHedged no hedge Settle:ok",
+         "200", Outcome.OK, 1, hedge_after_s=0.2, budget_per_s=0.0, answer="200", settled="ok"),
+    Life("hedge never for a call not safe to repeat", ("200",), "Prepare Send Settle:ok",
+         "200", Outcome.OK, 1, hedge_after_s=0.2, safe_to_repeat=False, answer="200",
+         settled="ok"),
+    Life("budget spent", ("503",), "Prepare Send BudgetExhausted Settle:failed",
+         "503 stop=budget-exhausted", Outcome.BUDGET, 1, budget_per_s=0.0, answer="503",
+         settled="failed"),
+    Life("deadline: the next wait would outlast it", ("503", "503"),
+         "Prepare Send WaitRetry Send Settle:failed",
+         "503 backoff=0.5s, 503 stop=deadline", Outcome.DEADLINE, 2, timeout_s=1.0,
+         answer="503", settled="failed"),
+    Life("timeout cut by the deadline", ("503 +0.1s", "timeout +0.8s"),
+         "Prepare Send WaitRetry Send Settle:failed",
+         "503 backoff=0.5s, timeout stop=deadline", Outcome.DEADLINE, 2, timeout_s=1.4,
+         answer="503", error=AttemptError.TIMEOUT, settled="failed"),
+    Life("retries exhausted", ("503", "503", "503"),
+         "Prepare Send WaitRetry Send WaitRetry Send Settle:failed",
+         "503 backoff=0.5s, 503 backoff=1s, 503 stop=exhausted", Outcome.EXHAUSTED, 3,
+         max_retries=2, answer="503", settled="failed"),
+    Life("never connected", ("connect_error", "connect_error"),
+         "Prepare Send WaitRetry Send Settle:failed",
+         "connect_error backoff=0.5s, connect_error stop=unreachable", Outcome.UNREACHABLE, 2,
+         max_retries=1, error=AttemptError.CONNECT, settled="failed"),
+    Life("a timeout of a call not safe to repeat", ("timeout",), "Prepare Send Settle:failed",
+         "timeout stop=not_replayable", Outcome.NOT_RETRYABLE, 1, safe_to_repeat=False,
+         error=AttemptError.TIMEOUT, settled="failed"),
+    Life("a streamed body goes once", ("503",), "Prepare Send Settle:failed",
+         "503 stop=not_replayable", Outcome.NOT_RETRYABLE, 1, streamed=True, answer="503",
+         settled="failed"),
+    Life("cancelled during an attempt", ("cancel",), "Prepare Send cancelled",
+         "stop=cancelled", Outcome.DEADLINE, 1, error=AttemptError.TIMEOUT),
+    Life("cancelled after a 503: the 503 goes back", ("503", "cancel"),
+         "Prepare Send WaitRetry Send cancelled",
+         "503 backoff=0.5s, stop=cancelled", Outcome.DEADLINE, 2, answer="503"),
+    Life("the fleet's cooldown waited out", ("cooldown=2", "cooldown=0", "200"),
+         "ReadCooldown WaitCooldown ReadCooldown Prepare Send Settle:ok",
+         "cooldown=2s, 200", Outcome.OK, 1, shares_cooldowns=True, answer="200", settled="ok"),
+    Life("cancelled while waiting out the fleet's cooldown", ("cooldown=2", "cancel"),
+         "ReadCooldown WaitCooldown ReadCooldown cancelled",
+         "cooldown=2s, stop=cancelled", Outcome.DEADLINE, 0, shares_cooldowns=True,
+         error=AttemptError.TIMEOUT),
+    Life("a cooldown longer than the request may wait", ("cooldown=60",), "ReadCooldown",
+         "cooldown=60s stop=not-retryable", Outcome.UNREACHABLE, 0, shares_cooldowns=True,
+         open_for_s=60.0),
+    Life("a wait the tool asked for, told to the fleet",
+         ("cooldown=0", "429 retry-after=1", "cooldown=0", "200"),
+         "ReadCooldown Prepare Send ShareCooldown:1s WaitRetry ReadCooldown Send Settle:ok",
+         "429 retry_after=1s, 200", Outcome.RECOVERED, 2, shares_cooldowns=True,
+         answer="200", settled="ok"),
+    Life("503, 429, validation error, repaired, 200",
+         ("503", "429 retry-after=1", "422", "repair=coercion", "200"),
+         "Prepare Send WaitRetry Send WaitRetry Send Repair UsePayload:coercion Send "
+         "RepairJudged:coercion:succeeded Settle:ok",
+         "503 backoff=0.5s, 429 retry_after=1s, 422 repair=coercion, 200", Outcome.RECOVERED,
+         4, answer="200", settled="ok"),
+    Life("repaired, still failing, then out of retries", ("422", "repair=coercion", "503"),
+         "Prepare Send Repair UsePayload:coercion Send RepairJudged:coercion:failed "
+         "Settle:failed",
+         "422 repair=coercion, 503 stop=exhausted", Outcome.EXHAUSTED, 2, max_retries=1,
+         answer="503", settled="failed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("life", LIVES, ids=[life.name for life in LIVES])
+def test_a_request_life(life: Life) -> None:
+    played = play(life)
+    result = played.result
+    assert " ".join(played.actions) == life.actions
+    assert ", ".join(result.trail) == life.trail
+    assert (result.outcome, result.attempts) == (life.outcome, life.attempts)
+    assert (result.answer.label if result.answer else None) == life.answer
+    assert result.error == life.error
+    assert result.circuit_open_for_s == life.open_for_s
+    assert result.tool == ("weather" if life.open_for_s is not None else "")
+    settled = [action.split(":")[1] for action in played.actions if action.startswith("Settle")]
+    assert settled == ([life.settled] if life.settled else [])
+    # Only the answer that goes back is held: every earlier one was let go.
+    held = [handle for handle in played.handles if not handle.discarded]
+    assert held == ([result.answer] if result.answer is not None else [])
+
+
+def test_the_repaired_layers_behind_the_answer_are_reported() -> None:
+    played = play(next(life for life in LIVES if life.name == "validation error, repaired, 200"))
+    assert played.result.repaired == ("coercion",)
+
+
+def test_a_streaming_answer_is_let_go_before_a_wait() -> None:
+    clock = Clock()
+    machine, _ = machine_for(LIVES[1], clock)
+    assert isinstance(machine.start(), Prepare)
+    send = machine.prepared(Payload(b"{}"))
+    assert isinstance(send, Send)
+    attempt, _ = judged(send, "503")
+    streaming = Handle("503", complete=False)
+    assert isinstance(machine.answered(attempt, streaming), WaitRetry)
+    assert streaming.discarded
+
+
+def test_the_agent_gone_lets_the_answer_and_the_probe_go() -> None:
+    clock = Clock()
+    life = LIVES[1]
+    machine, circuit = machine_for(life, clock)
+    trip(circuit)
+    clock.now += 31  # the circuit lets one probe through: this request is it
+    assert isinstance(machine.start(), Prepare)
+    send = machine.prepared(Payload(b"{}"))
+    assert isinstance(send, Send)
+    attempt, handle = judged(send, "503")
+    machine.answered(attempt, handle)
+    machine.agent_gone()
+    assert handle is not None and handle.discarded
+    # The probe was given back: the next request may probe.
+    assert not isinstance(circuit.admit(), float)
+
+
+def test_records_are_immutable_once_made() -> None:
+    played = play(LIVES[1])
+    with pytest.raises(AttributeError):
+        played.result.outcome = Outcome.OK  # type: ignore[misc]
+    send = Send(1, 0.0, 2.0)
+    attempt, _ = judged(send, "503")
+    with pytest.raises(AttributeError):
+        attempt.label = "200"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("life", LIVES, ids=[life.name for life in LIVES])
+def test_a_finished_life_is_freed_without_the_garbage_collector(life: Life) -> None:
+    """The machine holds no reference to itself: the request's records, answers and trail go
+    when the request does, not at the collector's next pass."""
+    gc.disable()
+    try:
+        assert play(life).machine() is None
+    finally:
+        gc.enable()
