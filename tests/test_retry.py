@@ -710,9 +710,9 @@ async def test_a_jsonrpc_error_is_not_replayed(make_tool, make_sidecar):
     assert b"-32603" in await response.read()
 
 
-async def test_a_jsonrpc_error_that_asks_for_a_retry_is_replayed_only_when_safe(
-    make_tool, make_sidecar
-):
+async def test_a_jsonrpc_error_is_replayed_only_when_it_asks_for_a_retry(make_tool, make_sidecar):
+    """``data.retryable: true`` is the server's word that the call took no effect: the call
+    goes again though nothing says it is safe to repeat; an error without it goes back."""
     busy = sse(
         {
             "jsonrpc": "2.0",
@@ -720,14 +720,17 @@ async def test_a_jsonrpc_error_that_asks_for_a_retry_is_replayed_only_when_safe(
             "error": {"code": -32000, "message": "busy", "data": {"retryable": True}},
         }
     )
-    tool = await make_tool(scripted(busy, busy, MCP_RESULT))
+    failed = sse({"jsonrpc": "2.0", "id": 1, "error": {"code": -32000, "message": "failed"}})
+    tool = await make_tool(scripted(busy, busy, MCP_RESULT, failed))
     sidecar = await make_sidecar(tool)
     call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "pay"}}
 
-    unsafe = await sidecar.client.post("/mcp", json=call)
-    keyed = await sidecar.client.post("/mcp", json=call, headers={"Idempotency-Key": "k-1"})
+    asked = await sidecar.client.post("/mcp", json=call)
+    not_asked = await sidecar.client.post("/mcp", json=call)
 
-    assert unsafe.headers["X-Sidecar-Outcome"] == "not-retryable"
-    assert keyed.headers["X-Sidecar-Outcome"] == "recovered"
-    assert b'"result"' in await keyed.read()
-    assert len(tool.seen) == 3
+    assert asked.headers["X-Sidecar-Outcome"] == "recovered"
+    assert asked.headers["X-Sidecar-Attempts"] == "3"
+    assert b'"result"' in await asked.read()
+    assert not_asked.headers["X-Sidecar-Outcome"] == "not-retryable"
+    assert not_asked.headers["X-Sidecar-Attempts"] == "1"
+    assert len(tool.seen) == 4
