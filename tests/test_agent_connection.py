@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiohttp import web
 
 from tests.rawhttp import raw_exchange
@@ -99,3 +100,52 @@ async def test_bytes_after_a_connect_are_never_read_as_a_request(make_tool, make
     assert answer.startswith(b"HTTP/1.1 404 Not Found\r\n")
     assert answer.count(b"HTTP/1.1 ") == 1
     assert tool.seen == []
+
+
+UPGRADES_WITH_A_BODY = [
+    # (name, the request, the body the tool must get)
+    (
+        "put-connection-upgrade",
+        b"PUT /put HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: foo\r\n"
+        b"Content-Length: 4\r\n\r\nbody",
+        b"body",
+    ),
+    (
+        "curl-http2-post-h2c",
+        b"POST /post HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
+        b"Content-Length: 4\r\n\r\nbody",
+        b"body",
+    ),
+    (
+        "chunked-upgrade",
+        b"POST /post HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: h2c\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n2\r\nbo\r\n2\r\ndy\r\n0\r\n\r\n",
+        b"body",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "body"),
+    [case[1:] for case in UPGRADES_WITH_A_BODY],
+    ids=[case[0] for case in UPGRADES_WITH_A_BODY],
+)
+async def test_an_upgrade_with_a_body_reaches_the_tool_intact_and_not_upgraded(
+    make_tool, make_sidecar, request_bytes, body
+):
+    # Envoy forwards such a request; llhttp stops at its body. The sidecar does not upgrade:
+    # the hop-by-hop fields go, the body is forwarded, and the connection carries on.
+    tool = await make_tool(path_echo)
+    sidecar = await make_sidecar(tool)
+    reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.client.port)
+    writer.write(request_bytes + b"GET /next HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+
+    answers = [await read_answer(reader) for _ in range(2)]
+    writer.close()
+
+    assert [status for status, _, _ in answers] == [b"HTTP/1.1 200 OK"] * 2
+    assert [seen.body for seen in tool.seen] == [body, b""]
+    for name in ("Upgrade", "HTTP2-Settings"):
+        assert name not in tool.seen[0].headers
+    assert tool.seen[0].headers.get("Connection") != "upgrade"
