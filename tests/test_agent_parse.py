@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sidecar.serve.agentwire import AgentRequest, Reply
+from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.answers import Refusal
 from sidecar.serve.httpserver import AgentConnection, upgrade_body_head
 from sidecar.serve.proxy import _check_head
@@ -70,17 +70,17 @@ class Server:
     buffers: BufferBudget = field(default_factory=lambda: BufferBudget(2**24))
     agents: set[object] = field(default_factory=set)
 
-    async def proxy_handler(self, request: AgentRequest) -> Reply:
+    async def proxy_handler(self, request: AgentRequest) -> AgentReply:
         try:
             _check_head(request, 2**16)  # the proxy's first look at a head
         except Refusal as refused:
-            return Reply(refused.error.status, body=refused.message.encode())
+            return AgentReply(refused.error.status, body=refused.message.encode())
         body = bytearray()
         while chunk := await request.content.readany():
             body += chunk
         forwarded = list(end_to_end_headers(request.headers).items())
         self.seen.append(Seen(request.method, request.raw_path, forwarded, bytes(body)))
-        return Reply(200, body=b"ok")
+        return AgentReply(200, body=b"ok")
 
 
 async def serve(data: bytes, *, split: int | None = None) -> tuple[Server, bytes]:

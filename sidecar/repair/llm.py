@@ -110,7 +110,7 @@ class LlmRepairer:
             refused = checked.refused if checked is not None else None
             result = "invalid" if checked is not None and checked.unreadable else call.result
             # One count per call, and its tokens even when the answer was unusable: they were paid.
-            self._hooks.llm_request(
+            self._hooks.llm_call_finished(
                 result,
                 time.monotonic() - started,
                 prompt_tokens=getattr(call.usage, "prompt_tokens", 0) or 0,
@@ -166,7 +166,7 @@ class LlmRepairer:
         messages: list[ChatCompletionMessageParam],
         schema: dict[str, Any],
         time_left_s: float,
-    ) -> _Call:
+    ) -> _Completion:
         """One chat completion in the best form the endpoint takes, falling back at once
         past a form it refuses."""
         import openai  # loaded with the client; see ``app.llm_client_for``
@@ -191,19 +191,19 @@ class LlmRepairer:
                             form = self._formats.current
             content = completion.choices[0].message.content
         except (TimeoutError, openai.APITimeoutError) as exc:
-            return _Call(form, "timeout", failure=exc)
+            return _Completion(form, "timeout", failure=exc)
         except openai.OpenAIError as exc:
-            return _Call(form, "error", failure=exc)
+            return _Completion(form, "error", failure=exc)
         except (AttributeError, IndexError, TypeError, ValueError) as exc:
             # A server that does not speak chat completions.
-            return _Call(form, "invalid", failure=exc)
+            return _Completion(form, "invalid", failure=exc)
         if not isinstance(content, str):
-            return _Call(form, "invalid", usage=completion.usage)
-        return _Call(form, "ok", content, completion.usage)
+            return _Completion(form, "invalid", usage=completion.usage)
+        return _Completion(form, "ok", content, completion.usage)
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
+class _Completion:
     """One chat completion: the form it was asked in, its result (``ok``, ``error``,
     ``timeout``, ``invalid``), its content when there is one, the usage it reported, and
     what failed."""

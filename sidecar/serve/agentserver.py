@@ -9,11 +9,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from sidecar.serve.agentwire import AgentRequest, Reply
+from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.httpserver import AgentConnection
 from sidecar.transport.buffers import BufferBudget
 
-ProxyHandler = Callable[[AgentRequest], Awaitable[Reply]]
+ProxyHandler = Callable[[AgentRequest], Awaitable[AgentReply]]
 
 
 class ProxyServer(web.Server):

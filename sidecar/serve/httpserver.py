@@ -25,10 +25,10 @@ from aiohttp import HttpVersion, HttpVersion10, HttpVersion11
 
 from sidecar.serve import answers
 from sidecar.serve.agentwire import (
+    AgentReply,
     AgentRequest,
+    AnswerWriter,
     BodyMalformed,
-    Connection,
-    Reply,
     answer_head,
 )
 
@@ -44,7 +44,7 @@ class _RefusedHead(Exception):
     """A head over a limit, raised inside the parser's callback."""
 
 
-class AgentConnection(Connection):
+class AgentConnection(AnswerWriter):
     """One agent's connection: its requests parsed as they arrive, answered in order."""
 
     def __init__(self, server: ProxyServer) -> None:
@@ -297,7 +297,7 @@ class AgentConnection(Connection):
                 return False
         return True
 
-    async def _answer(self, request: AgentRequest) -> Reply:
+    async def _answer(self, request: AgentRequest) -> AgentReply:
         try:
             return await self._server.proxy_handler(request)
         except asyncio.CancelledError:
@@ -307,12 +307,12 @@ class AgentConnection(Connection):
             if self.answer_started:
                 # Half an answer went out: only a cut connection can say it is not whole.
                 self.abort()
-                return Reply(500, sent=True)
+                return AgentReply(500, sent=True)
             return _refused(
                 answers.Refusal(answers.SIDECAR_ERROR, "the sidecar failed to handle the request")
             )
 
-    async def _finish(self, request: AgentRequest, reply: Reply) -> bool:
+    async def _finish(self, request: AgentRequest, reply: AgentReply) -> bool:
         """Send ``reply`` unless the relay streamed it; whether the connection goes on."""
         if not reply.sent:
             await self._send_whole(request.version, request.method, reply, request.keep_alive)
@@ -331,7 +331,7 @@ class AgentConnection(Connection):
         return True
 
     async def _send_whole(
-        self, version: HttpVersion, method: str, reply: Reply, keep_alive: bool
+        self, version: HttpVersion, method: str, reply: AgentReply, keep_alive: bool
     ) -> None:
         framing = reply.framing(method, version, keep_alive)
         head = answer_head(version, reply)
@@ -388,7 +388,7 @@ def upgrade_body_head(request: AgentRequest) -> bytes | None:
     return b"POST / HTTP/%d.%d\r\n%s\r\n" % (version.major, version.minor, framing)
 
 
-def _refused(refusal: answers.Refusal) -> Reply:
+def _refused(refusal: answers.Refusal) -> AgentReply:
     reply = refusal.response(answers.refusal_report(refusal.error))
     reply.force_close()
     return reply
