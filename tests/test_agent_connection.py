@@ -9,6 +9,7 @@ import pytest
 from aiohttp import web
 
 from tests.rawhttp import raw_exchange
+from tests.test_agent_parse import UPGRADES_WITH_A_BODY
 
 
 async def path_echo(request: web.Request) -> web.Response:
@@ -100,30 +101,6 @@ async def test_bytes_after_a_connect_are_never_read_as_a_request(make_tool, make
     assert answer.startswith(b"HTTP/1.1 404 Not Found\r\n")
     assert answer.count(b"HTTP/1.1 ") == 1
     assert tool.seen == []
-
-
-UPGRADES_WITH_A_BODY = [
-    # (name, the request, the body the tool must get)
-    (
-        "put-connection-upgrade",
-        b"PUT /put HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: foo\r\n"
-        b"Content-Length: 4\r\n\r\nbody",
-        b"body",
-    ),
-    (
-        "curl-http2-post-h2c",
-        b"POST /post HTTP/1.1\r\nHost: a\r\nConnection: Upgrade, HTTP2-Settings\r\n"
-        b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQCAAAAAAIAAAAA\r\n"
-        b"Content-Length: 4\r\n\r\nbody",
-        b"body",
-    ),
-    (
-        "chunked-upgrade",
-        b"POST /post HTTP/1.1\r\nHost: a\r\nConnection: upgrade\r\nUpgrade: h2c\r\n"
-        b"Transfer-Encoding: chunked\r\n\r\n2\r\nbo\r\n2\r\ndy\r\n0\r\n\r\n",
-        b"body",
-    ),
-]
 
 
 @pytest.mark.parametrize(

@@ -29,12 +29,7 @@ from sidecar.transport.connection import (
 )
 from sidecar.transport.pool import Pool
 
-IDLE, ACTIVE, MUST_CLOSE, CLOSED = (
-    ConnectionState.IDLE,
-    ConnectionState.ACTIVE,
-    ConnectionState.MUST_CLOSE,
-    ConnectionState.CLOSED,
-)
+IDLE, ACTIVE, MUST_CLOSE, CLOSED = ConnectionState  # in the order they are defined
 E = ConnectionEvent
 
 STEPS = [
