@@ -183,10 +183,11 @@ class AnswerParser:
             if has_bare_lf(buffer, searched):
                 raise MalformedAnswer(BARE_LF)
             return self._hold(buffer)
-        self._checked = 0
+        checked, self._checked = self._checked, 0
         if end + 4 > self._max_head:
             raise MalformedAnswer(f"the answer's head is over {self._max_head} bytes")
-        head = _parse_head(bytes(buffer), end + 2, self._head_only)  # copies held bytes only
+        # Copies held bytes only; the lines checked as they came are not checked again.
+        head = _parse_head(bytes(buffer), end + 2, self._head_only, checked)
         rest = _rest(buffer, end + 4)
         if 100 <= head.status < 200:
             return rest  # an interim answer (100, 103): the final one follows
@@ -270,27 +271,29 @@ def _rest(buffer: bytes | bytearray, start: int) -> bytes:
 
 
 def _check_lines(buffer: bytes | bytearray, start: int, searched: int) -> int:
-    """Checks each whole line of a head still coming, from ``start`` (a line's start), the
-    status line first; the search for line ends resumes where the last one stopped.
-    Returns where the next line to check starts."""
-    end = buffer.find(b"\r\n", max(start, searched - 1))
-    while end >= 0:
-        if start == 0:
-            if STATUS_LINE.fullmatch(buffer, 0, end + 2) is None:
-                raise MalformedAnswer(status_line_fault(bytes(buffer[:end])))
-        elif FIELD_LINES.fullmatch(buffer, start, end + 2) is None:
-            raise MalformedAnswer(field_fault(bytes(buffer[start : end + 2])))
-        start = end + 2
-        end = buffer.find(b"\r\n", start)
-    return start
+    """Checks the whole lines of a head still coming, from ``start`` (a line's start), the
+    status line first, in one match per read; the search for line ends resumes where the
+    last one stopped. Returns where the next line to check starts."""
+    end = buffer.rfind(b"\r\n", max(start, searched - 1))
+    if end < 0:
+        return start
+    if start == 0:
+        status_end = buffer.find(b"\r\n") + 2
+        if STATUS_LINE.fullmatch(buffer, 0, status_end) is None:
+            raise MalformedAnswer(status_line_fault(bytes(buffer[: status_end - 2])))
+        start = status_end
+    if start < end + 2 and FIELD_LINES.fullmatch(buffer, start, end + 2) is None:
+        raise MalformedAnswer(field_fault(bytes(buffer[start : end + 2])))
+    return end + 2
 
 
-def _parse_head(buffer: bytes, fields_end: int, head_only: bool) -> Head:
+def _parse_head(buffer: bytes, fields_end: int, head_only: bool, checked: int) -> Head:
     """The head in ``buffer[:fields_end]`` (its last CRLF included), checked."""
     status_line = STATUS_LINE.match(buffer, 0, fields_end)
     if status_line is None:
         raise MalformedAnswer(status_line_fault(buffer[: buffer.find(b"\r\n")]))
-    if FIELD_LINES.fullmatch(buffer, status_line.end(), fields_end) is None:
+    fields_start = max(status_line.end(), checked)
+    if FIELD_LINES.fullmatch(buffer, fields_start, fields_end) is None:
         raise MalformedAnswer(field_fault(buffer[status_line.end() : fields_end]))
     try:
         reason = (status_line[3] or b"").decode("utf-8")
