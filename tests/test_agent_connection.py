@@ -126,3 +126,22 @@ async def test_an_upgrade_with_a_body_reaches_the_tool_intact_and_not_upgraded(
     for name in ("Upgrade", "HTTP2-Settings"):
         assert name not in tool.seen[0].headers
     assert tool.seen[0].headers.get("Connection") != "upgrade"
+
+
+@pytest.mark.parametrize("line", [b"4  ", b"4;"])
+async def test_an_agent_chunk_size_line_the_grammar_refuses_never_reaches_the_tool(
+    make_tool, make_sidecar, line
+):
+    tool = await make_tool(path_echo)
+    sidecar = await make_sidecar(tool)
+
+    answer = await raw_exchange(
+        sidecar.client.port,
+        b"POST /post HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + line
+        + b"\r\nbody\r\n0\r\n\r\n",
+        until_closed=True,
+    )
+
+    assert answer.startswith(b"HTTP/1.0 400 ") or answer.startswith(b"HTTP/1.1 400 ")
+    assert tool.seen == []
