@@ -53,6 +53,19 @@ def sidecar_parse() -> None:
     assert sink.head is not None and sink.head.status == 200
 
 
+# The same answer as a slow tool's writes or small TCP segments bring it: each line of the
+# head is checked as it arrives (so a bad one is refused without waiting for the head's end).
+PIECES = [ANSWER[at : at + 16] for at in range(0, len(ANSWER), 16)]
+
+
+def sidecar_parse_in_pieces() -> None:
+    sink = _Sink()
+    parser = AnswerParser(sink, "POST", 65536)
+    for piece in PIECES:
+        parser.feed(piece)
+    assert sink.head is not None and sink.head.status == 200
+
+
 def aiohttp_parser() -> Callable[[], None]:
     from aiohttp.http_parser import HttpResponseParser
 
@@ -104,6 +117,7 @@ def httptools_parser() -> Callable[[], None] | None:
 def main() -> None:
     candidates: dict[str, Callable[[], None] | None] = {
         "sidecar (strict, per answer)": sidecar_parse,
+        "sidecar, in 16-byte reads": sidecar_parse_in_pieces,
         "aiohttp HttpResponseParser (0.3)": aiohttp_parser(),
         "httptools (llhttp binding)": httptools_parser(),
     }

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from aiohttp import web
 
 from tests.rawhttp import raw_exchange
+from tests.test_agent_parse import UPGRADES_WITH_A_BODY
 
 
 async def path_echo(request: web.Request) -> web.Response:
@@ -98,4 +100,48 @@ async def test_bytes_after_a_connect_are_never_read_as_a_request(make_tool, make
 
     assert answer.startswith(b"HTTP/1.1 404 Not Found\r\n")
     assert answer.count(b"HTTP/1.1 ") == 1
+    assert tool.seen == []
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "body"),
+    [case[1:] for case in UPGRADES_WITH_A_BODY],
+    ids=[case[0] for case in UPGRADES_WITH_A_BODY],
+)
+async def test_an_upgrade_with_a_body_reaches_the_tool_intact_and_not_upgraded(
+    make_tool, make_sidecar, request_bytes, body
+):
+    # Envoy forwards such a request; llhttp stops at its body. The sidecar does not upgrade:
+    # the hop-by-hop fields go, the body is forwarded, and the connection carries on.
+    tool = await make_tool(path_echo)
+    sidecar = await make_sidecar(tool)
+    reader, writer = await asyncio.open_connection("127.0.0.1", sidecar.client.port)
+    writer.write(request_bytes + b"GET /next HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+
+    answers = [await read_answer(reader) for _ in range(2)]
+    writer.close()
+
+    assert [status for status, _, _ in answers] == [b"HTTP/1.1 200 OK"] * 2
+    assert [seen.body for seen in tool.seen] == [body, b""]
+    for name in ("Upgrade", "HTTP2-Settings"):
+        assert name not in tool.seen[0].headers
+    assert tool.seen[0].headers.get("Connection") != "upgrade"
+
+
+@pytest.mark.parametrize("line", [b"4  ", b"4;"])
+async def test_an_agent_chunk_size_line_the_grammar_refuses_never_reaches_the_tool(
+    make_tool, make_sidecar, line
+):
+    tool = await make_tool(path_echo)
+    sidecar = await make_sidecar(tool)
+
+    answer = await raw_exchange(
+        sidecar.client.port,
+        b"POST /post HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + line
+        + b"\r\nbody\r\n0\r\n\r\n",
+        until_closed=True,
+    )
+
+    assert answer.startswith(b"HTTP/1.0 400 ") or answer.startswith(b"HTTP/1.1 400 ")
     assert tool.seen == []

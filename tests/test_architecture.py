@@ -2,8 +2,10 @@
 imports that point down the layers of docs/architecture.md.
 
 No module over 400 lines and no function over 50 (its docstring included) anywhere in
-``sidecar/`` but the demo package, and at most ten modules directly in ``sidecar/``. Each
-failure names every offender, so one run shows all that is left to split.
+``sidecar/`` but the demo package, and at most ten modules directly in ``sidecar/``; no
+class name defined twice anywhere in ``sidecar/`` (one name per concept, as
+docs/glossary.md lists them). Each failure names every offender, so one run shows all
+that is left to split.
 """
 
 from __future__ import annotations
@@ -51,6 +53,16 @@ def test_no_function_is_over_50_lines() -> None:
                 if lines > MAX_FUNCTION_LINES:
                     too_long.append(f"{name(path)}:{node.lineno} {node.name}: {lines} lines")
     assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(too_long)
+
+
+def test_no_class_name_is_defined_twice() -> None:
+    defined: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                defined.setdefault(node.name, []).append(name(path))
+    twice = [f"{cls}: {', '.join(paths)}" for cls, paths in defined.items() if len(paths) > 1]
+    assert not twice, "class names defined more than once:\n" + "\n".join(twice)
 
 
 def test_at_most_ten_modules_sit_directly_in_the_package() -> None:

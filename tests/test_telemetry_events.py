@@ -8,14 +8,19 @@ import inspect
 import pytest
 
 from sidecar.telemetry import Hooks, Sink
-from sidecar.telemetry.events import ALL_EVENTS, AttemptFinished, CircuitRefused, CircuitState
+from sidecar.telemetry.events import (
+    ALL_EVENTS,
+    AttemptFinished,
+    CircuitRefused,
+    CircuitStateReported,
+)
 
 
 class _Recorder(Sink):
     def __init__(self) -> None:
         self.seen: list[object] = []
 
-    def circuit_state(self, event: CircuitState) -> None:
+    def circuit_state(self, event: CircuitStateReported) -> None:
         self._keep(event)
 
     def circuit_refused(self, event: CircuitRefused) -> None:
@@ -57,8 +62,8 @@ def test_a_sink_gets_the_events_it_names_in_the_order_they_happen():
     hooks.circuit_state("weather", 2)
     hooks.budget_exhausted("weather")  # no method of that name: not the recorder's business
 
-    assert [type(event) for event in recorder.seen] == [CircuitRefused, CircuitState]
-    assert recorder.seen[1] == CircuitState("weather", 2)
+    assert [type(event) for event in recorder.seen] == [CircuitRefused, CircuitStateReported]
+    assert recorder.seen[1] == CircuitStateReported("weather", 2)
 
 
 def test_a_misspelled_sink_method_is_refused_when_the_sink_is_registered():
@@ -73,6 +78,6 @@ def test_a_sink_method_must_take_the_event_it_names(sink):
 
 
 def test_events_are_frozen():
-    event = CircuitState("weather", 0)
+    event = CircuitStateReported("weather", 0)
     with pytest.raises(AttributeError):
         event.state = 2

@@ -206,6 +206,18 @@ MALFORMED = [
         "a chunk's data is longer than its size",
     ),
     (
+        "chunk-size-with-trailing-spaces",
+        b"HTTP/1.1 503 Busy\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+        b"\r\n2  \r\n{}\r\n0\r\n\r\n",
+        "a chunk's size line is malformed",
+    ),
+    (
+        "chunk-size-with-a-bare-semicolon",
+        b"HTTP/1.1 503 Busy\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+        b"\r\n2;\r\n{}\r\n0\r\n\r\n",
+        "a chunk's size line is malformed",
+    ),
+    (
         "head-over-the-limit",
         b"HTTP/1.1 200 OK\r\nX-Big: " + b"a" * 70_000 + b"\r\nContent-Length: 5\r\n\r\nhello",
         "the answer's head is over 65536 bytes",
@@ -230,6 +242,35 @@ async def test_a_malformed_answer_is_refused_once_and_poisons_nothing(make_sidec
     assert tool.connections[0] == [b"/hostile"]  # and its connection carried nothing more
     counted = {"route": "default", "method": "GET", "outcome": "not-retryable"}
     assert sidecar.registry.get_sample_value("sidecar_requests_total", counted) == 1
+
+
+# Heads a tool starts and never ends, holding its connection: each is refused at its first
+# bad line, not when the per-try timeout runs out.
+HELD_HEADS = [
+    (
+        "obs-fold-after-the-status-line",
+        b"HTTP/1.1 200 OK\r\n X-A: b\r\n",
+        "a folded header line (obs-fold)",
+    ),
+    ("status-line", b"HTTP/1.1 20 OK\r\nX-A: b\r\n", "the status line is malformed"),
+    ("no-colon", b"HTTP/1.1 200 OK\r\nX-A b\r\n", "a header line has no colon"),
+]
+
+
+@pytest.mark.parametrize(
+    ("head", "reason"), [held[1:] for held in HELD_HEADS], ids=[held[0] for held in HELD_HEADS]
+)
+async def test_a_bad_line_of_a_head_that_never_ends_is_refused_at_once(make_sidecar, head, reason):
+    tool = HostileTool([head])
+    async with raw_tool(tool.handle) as url:
+        # A refusal only at the head's end would be a 504 after this timeout.
+        sidecar = await make_sidecar(
+            url, upstream_max_connections=1, per_try_timeout_ms=60_000, request_timeout_ms=60_000
+        )
+        async with sidecar.client.get("/hostile") as response:
+            assert_refused(response.status, response.headers, await response.read(), reason)
+        await assert_innocents_get_their_own(sidecar)
+    assert tool.paths.count(b"/hostile") == 1
 
 
 TRAILING = [

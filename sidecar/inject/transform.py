@@ -57,7 +57,7 @@ Key = tuple[str | None, str]
 
 
 @dataclass
-class Outcome:
+class Transformed:
     """The manifests to write, and one line per resource saying what happened to it."""
 
     text: str
@@ -139,11 +139,11 @@ def _read_config(path: str, upstream: str | None) -> str:
     return text
 
 
-def inject(text: str, sidecar: Sidecar, config_text: str | None = None) -> Outcome:
+def inject(text: str, sidecar: Sidecar, config_text: str | None = None) -> Transformed:
     """``text`` with the sidecar in every pod template, and with ``config_text`` a ConfigMap
     after each workload to carry it."""
     stream = _Stream(text)
-    outcome = Outcome("")
+    outcome = Transformed("")
     generated = {_key(item): item for _, item in stream.generated()}
     claimed: set[Key] = set()
     released: set[Key] = set()
@@ -168,10 +168,10 @@ def inject(text: str, sidecar: Sidecar, config_text: str | None = None) -> Outco
     return outcome
 
 
-def uninject(text: str) -> Outcome:
+def uninject(text: str) -> Transformed:
     """``text`` with everything ``inject`` added taken out again."""
     stream = _Stream(text)
-    outcome = Outcome("")
+    outcome = Transformed("")
     released: set[Key] = set()
     for document in stream.documents:
         for item in _resources(document.data):
@@ -208,7 +208,7 @@ class _Stream:
             made = [new_document(resource, self._style) for resource in resources]
             self._after.setdefault(id(document), []).extend(made)
 
-    def drop(self, keys: set[Key], outcome: Outcome) -> None:
+    def drop(self, keys: set[Key], outcome: Transformed) -> None:
         """Take out the generated ConfigMaps named by ``keys``."""
         for document, item in list(self.generated()):
             if _key(item) not in keys:
@@ -235,7 +235,7 @@ def _inject_resource(
     resource: Any,
     sidecar: Sidecar,
     config_text: str | None,
-    outcome: Outcome,
+    outcome: Transformed,
     released: set[Key],
 ) -> Any:
     """Inject one resource; the ConfigMap it needs, when inject makes one."""
@@ -280,7 +280,7 @@ def _inject_resource(
     return config_map
 
 
-def _uninject_resource(resource: Any, outcome: Outcome, released: set[Key]) -> None:
+def _uninject_resource(resource: Any, outcome: Transformed, released: set[Key]) -> None:
     label = f'{str(resource.get("kind")).lower()} "{_name(resource)}"'
     template = _pod_template(resource)
     try:

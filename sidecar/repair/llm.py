@@ -155,12 +155,12 @@ class LlmRepairer:
             messages += await self._off_loop(turns)
         return LlmOutcome(None, calls, refused)
 
-    def _count(self, call: _Call, checked: Checked | None, started: float) -> None:
+    def _count(self, call: _Completion, checked: Checked | None, started: float) -> None:
         """One count per call, and its tokens even when the answer was unusable: they were
         paid."""
         refused = checked.refused if checked is not None else None
         result = "invalid" if checked is not None and checked.unreadable else call.result
-        self._hooks.llm_request(
+        self._hooks.llm_call_finished(
             result,
             time.monotonic() - started,
             prompt_tokens=getattr(call.usage, "prompt_tokens", 0) or 0,
@@ -221,7 +221,7 @@ class LlmRepairer:
             as_written = LlmAnswer(answer.can_fix, answer.is_transient, written)
             await shared.cache(_shared_key(cache_key), as_written.to_json(), _CACHE_TTL_S)
 
-    async def _complete(self, messages: Messages, ask: _Ask, time_left_s: float) -> _Call:
+    async def _complete(self, messages: Messages, ask: _Ask, time_left_s: float) -> _Completion:
         """One chat completion in the best form the endpoint takes, falling back at once
         past a form it refuses; the answer cut at ``ask.max_tokens``."""
         import openai  # loaded with the client; see ``app.llm_client_for``
@@ -250,21 +250,23 @@ class LlmRepairer:
             choice = completion.choices[0]
             content = choice.message.content
         except (TimeoutError, openai.APITimeoutError) as exc:
-            return _Call(form, "timeout", failure=exc)
+            return _Completion(form, "timeout", failure=exc)
         except (openai.OpenAIError, AnswerTooLarge, AnswerUnreadable) as exc:
             too_large = too_large_cause(exc)
             if too_large is not None:
-                return _Call(form, "error", failure=too_large, given_up=ANSWER_TOO_LARGE)
-            return _Call(form, "error", failure=exc)
+                return _Completion(form, "error", failure=too_large, given_up=ANSWER_TOO_LARGE)
+            return _Completion(form, "error", failure=exc)
         except (AttributeError, IndexError, TypeError, ValueError) as exc:
             # A server that does not speak chat completions.
-            return _Call(form, "invalid", failure=exc)
+            return _Completion(form, "invalid", failure=exc)
         if choice.finish_reason == "length":
             cut = AnswerCut(f"the answer reached max_tokens ({ask.max_tokens})")
-            return _Call(form, "invalid", usage=completion.usage, failure=cut, given_up=ANSWER_CUT)
+            return _Completion(
+                form, "invalid", usage=completion.usage, failure=cut, given_up=ANSWER_CUT
+            )
         if not isinstance(content, str):
-            return _Call(form, "invalid", usage=completion.usage)
-        return _Call(form, "ok", content, completion.usage)
+            return _Completion(form, "invalid", usage=completion.usage)
+        return _Completion(form, "ok", content, completion.usage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +296,7 @@ class AnswerCut(Exception):
 
 
 @dataclass(frozen=True, slots=True)
-class _Call:
+class _Completion:
     """One chat completion: the form it was asked in, its result (``ok``, ``error``,
     ``timeout``, ``invalid``), its content when there is one, the usage it reported, and
     what failed."""

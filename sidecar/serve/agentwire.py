@@ -1,7 +1,7 @@
 """An agent's request as the proxy reads it, and an answer as it goes back on the wire.
 
 ``AgentRequest`` is what the agent-facing server (``httpserver``) parsed: the head as
-sent, and the body as a stream that arrives behind it. ``Reply`` is an answer the proxy
+sent, and the body as a stream that arrives behind it. ``AgentReply`` is an answer the proxy
 returns, whole, or already streamed by the relay; ``answer_head`` writes the status line
 and headers with exactly the headers given plus what HTTP itself requires: the framing,
 ``Date`` when absent (RFC 9110 §6.6.1 asks it of a proxy) and ``Connection`` when the
@@ -157,7 +157,7 @@ class AgentRequest:
 
     def __init__(
         self,
-        connection: Connection,
+        connection: AnswerWriter,
         method: str,
         raw_path: str,
         version: HttpVersion,
@@ -202,9 +202,9 @@ class AgentRequest:
         """Tell an agent that sent ``Expect: 100-continue`` to send its body."""
         await self._connection.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
-    async def start_answer(self, status: int, reason: str, headers: CIMultiDict[str]) -> Reply:
+    async def start_answer(self, status: int, reason: str, headers: CIMultiDict[str]) -> AgentReply:
         """Send the head of an answer whose body follows in ``write_body`` calls."""
-        reply = Reply(status, reason, headers, sent=True)
+        reply = AgentReply(status, reason, headers, sent=True)
         framing = reply.framing(self.method, self.version, self.keep_alive)
         await self._connection.start_body(self.version, reply, framing)
         return reply
@@ -220,7 +220,7 @@ class AgentRequest:
         self._connection.abort()
 
 
-class Connection(asyncio.Protocol):
+class AnswerWriter(asyncio.Protocol):
     """The agent's connection as a request writes to it: answers go out in order, and a
     writer waits while the transport's buffer is full."""
 
@@ -265,7 +265,7 @@ class Connection(asyncio.Protocol):
             finally:
                 self._write_waiter = None
 
-    async def start_body(self, version: HttpVersion, reply: Reply, framing: str) -> None:
+    async def start_body(self, version: HttpVersion, reply: AgentReply, framing: str) -> None:
         self._framing = framing
         self.answer_started = True
         await self.write(answer_head(version, reply))
@@ -286,7 +286,7 @@ class Connection(asyncio.Protocol):
             self._transport.close()
 
 
-class Reply:
+class AgentReply:
     """An answer for the agent: a whole body, or (``sent``) one the relay streamed."""
 
     __slots__ = ("body", "headers", "keep_alive", "reason", "sent", "status")
@@ -340,7 +340,7 @@ class Reply:
         return "close"
 
 
-def answer_head(version: HttpVersion, reply: Reply) -> bytes:
+def answer_head(version: HttpVersion, reply: AgentReply) -> bytes:
     """The status line and header section of ``reply``, framing headers already set."""
     headers = reply.headers
     if "Date" not in headers:

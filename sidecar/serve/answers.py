@@ -2,7 +2,7 @@
 
 When no upstream answer exists, the sidecar answers in the GoMind ToolResponse envelope
 (a ``SidecarError``); its ``details`` values are strings and carry ``"source":
-"sidecar"`` so an agent can tell it from the tool's own words. Each is a ``Reply``, which
+"sidecar"`` so an agent can tell it from the tool's own words. Each is a ``AgentReply``, which
 goes out with exactly the headers given plus what HTTP itself requires
 (``agentwire.answer_head``).
 """
@@ -17,7 +17,7 @@ import orjson
 from multidict import CIMultiDict
 
 from sidecar.outcomes import GAVE_UP, AttemptError, Outcome
-from sidecar.serve.agentwire import Reply
+from sidecar.serve.agentwire import AgentReply
 
 
 class RequestTooLarge(Exception):
@@ -61,7 +61,7 @@ class Refusal(Exception):
         self.message = message
         self.details = details
 
-    def response(self, headers: Mapping[str, str] | None = None) -> Reply:
+    def response(self, headers: Mapping[str, str] | None = None) -> AgentReply:
         return error_response(self.error, self.message, self.details, headers)
 
 
@@ -90,7 +90,7 @@ def error_response(
     message: str,
     details: Mapping[str, object] | None = None,
     headers: Mapping[str, str] | None = None,
-) -> Reply:
+) -> AgentReply:
     """The sidecar's own answer in the ToolResponse envelope."""
     detail_strings = {key: str(value) for key, value in (details or {}).items()}
     detail_strings["source"] = "sidecar"
@@ -106,7 +106,7 @@ def error_response(
     }
     answer_headers = CIMultiDict(headers or {})
     answer_headers["Content-Type"] = "application/json"
-    return Reply(error.status, headers=answer_headers, body=orjson.dumps(body))
+    return AgentReply(error.status, headers=answer_headers, body=orjson.dumps(body))
 
 
 def attempt_error_response(
@@ -114,7 +114,7 @@ def attempt_error_response(
     headers: Mapping[str, str] | None = None,
     *,
     reason: str | None = None,
-) -> Reply:
+) -> AgentReply:
     """The sidecar's answer when the last attempt produced no upstream answer.
 
     ``details.delivered`` is ``"maybe"`` when the request may have reached the tool: the
@@ -131,7 +131,7 @@ def attempt_error_response(
     return error_response(sidecar_error, message, details, headers)
 
 
-def overloaded_response(limit: int, headers: Mapping[str, str]) -> Reply:
+def overloaded_response(limit: int, headers: Mapping[str, str]) -> AgentReply:
     """The answer past ``SIDECAR_MAX_IN_FLIGHT``: try again shortly."""
     return error_response(
         SIDECAR_OVERLOADED,
@@ -162,7 +162,7 @@ def refusal_report(error: SidecarError) -> dict[str, str]:
     return report
 
 
-def shutdown_response(headers: Mapping[str, str]) -> Reply:
+def shutdown_response(headers: Mapping[str, str]) -> AgentReply:
     """The answer to a request still waiting for the tool when the drain time ran out."""
     response = error_response(
         UPSTREAM_TIMEOUT,
@@ -176,7 +176,7 @@ def shutdown_response(headers: Mapping[str, str]) -> Reply:
 
 def circuit_open_response(
     open_for_s: float, tool: str = "", headers: Mapping[str, str] | None = None
-) -> Reply:
+) -> AgentReply:
     """The answer while a tool's circuit is open (``tool`` ``""``: the whole route's): try
     again when the probe is due."""
     retry_after = str(max(1, math.ceil(open_for_s)))

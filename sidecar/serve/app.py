@@ -23,7 +23,7 @@ from sidecar.repair.schemas import SchemaStore
 from sidecar.retry.engine import Clock, Engine, Sleep
 from sidecar.retry.guards.fleet import StateStore
 from sidecar.serve.admin_host import admin_host_check
-from sidecar.serve.httpserver import ProxyServer
+from sidecar.serve.agentserver import ProxyServer
 from sidecar.serve.proxy import Proxy
 from sidecar.serve.routing import RouteTable
 from sidecar.serve.ui.page import live_view_routes

@@ -17,25 +17,24 @@ Every answer of its own carries the envelope and the ``X-Sidecar-*`` report, nev
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import httptools
-from aiohttp import HttpVersion, HttpVersion10, HttpVersion11, web
+from aiohttp import HttpVersion, HttpVersion10, HttpVersion11
 
 from sidecar.serve import answers
 from sidecar.serve.agentwire import (
+    AgentReply,
     AgentRequest,
+    AnswerWriter,
     BodyMalformed,
-    Connection,
-    Reply,
     answer_head,
 )
-from sidecar.transport.buffers import BufferBudget
 
-ProxyHandler = Callable[[AgentRequest], Awaitable[Reply]]
+if TYPE_CHECKING:
+    from sidecar.serve.agentserver import ProxyServer
+
 # Pipelined requests parsed ahead of the one being answered before reading pauses.
 _PIPELINE_LIMIT = 16
 _VERSIONS = {"1.1": HttpVersion11, "1.0": HttpVersion10}
@@ -45,45 +44,7 @@ class _RefusedHead(Exception):
     """A head over a limit, raised inside the parser's callback."""
 
 
-class ProxyServer(web.Server):
-    """aiohttp's low-level server as its runners and sites know it, serving the proxy's
-    agents on the protocol below."""
-
-    def __init__(
-        self,
-        handler: ProxyHandler,
-        *,
-        client_timeout_s: float,
-        max_line_size: int,
-        max_field_size: int,
-        lingering_s: float,
-        logger: logging.Logger,
-        buffers: BufferBudget,
-    ) -> None:
-        super().__init__(handler)  # type: ignore[arg-type]  # the handler takes our request
-        self.proxy_handler = handler
-        self.client_timeout_s = client_timeout_s
-        self.max_line_size = max_line_size
-        self.max_field_size = max_field_size
-        self.lingering_s = lingering_s
-        self.logger = logger
-        self.buffers = buffers
-        self.agents: set[AgentConnection] = set()
-
-    def __call__(self) -> AgentConnection:  # type: ignore[override]  # not aiohttp's protocol
-        return AgentConnection(self)
-
-    def pre_shutdown(self) -> None:
-        for agent in list(self.agents):
-            agent.close_when_idle()
-
-    # The runner calls this with aiohttp's signature.
-    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        await asyncio.gather(*(agent.shutdown(timeout) for agent in list(self.agents)))
-        self.agents.clear()
-
-
-class AgentConnection(Connection):
+class AgentConnection(AnswerWriter):
     """One agent's connection: its requests parsed as they arrive, answered in order."""
 
     def __init__(self, server: ProxyServer) -> None:
@@ -106,6 +67,8 @@ class AgentConnection(Connection):
         self._idle_deadline: float | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._paused_for = {"body": False, "pipeline": False, "parser": False}
+        # The framing of an upgrade request's body, for the parser that reads the body.
+        self._resumed_head: bytes | None = None
 
     # -- the transport's side -------------------------------------------------------
 
@@ -136,11 +99,23 @@ class AgentConnection(Connection):
     def data_received(self, data: bytes) -> None:
         if self._paused_for["parser"]:
             return
+        self._feed(data)
+        self._release()
+
+    def _feed(self, data: bytes) -> None:
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            # CONNECT or an upgrade: what follows is not HTTP; answer, then close.
-            self._stop_reading()
+        except httptools.HttpParserUpgrade as upgrade:
+            if self._resumed_head is None:
+                # CONNECT, or an upgrade without a body: what follows may not be HTTP;
+                # answer, then close.
+                self._stop_reading()
+                return
+            # llhttp stops at an upgrade's body; the sidecar does not upgrade (the headers
+            # are hop-by-hop and dropped), so the body is read as an ordinary request's,
+            # by a parser that starts from a head holding only the body's framing.
+            self._parser = httptools.HttpRequestParser(self)
+            self._feed(self._resumed_head + data[upgrade.args[0] :])
         except httptools.HttpParserCallbackError:
             self._refuse_head()
         except httptools.HttpParserError as exc:
@@ -159,7 +134,6 @@ class AgentConnection(Connection):
                     self._refuse_head()
                 else:
                     self._head_held += len(data)
-        self._release()
 
     # -- the parser's callbacks ------------------------------------------------------
 
@@ -183,6 +157,9 @@ class AgentConnection(Connection):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        if self._resumed_head is not None:  # the framing head of an upgrade's body
+            self._resumed_head = None
+            return
         if self._head_held:  # a head that came in one read was never charged
             self._release_head()
         self._idle_deadline = None
@@ -205,6 +182,10 @@ class AgentConnection(Connection):
         self._current.content.feed(body)
 
     def on_message_complete(self) -> None:
+        if self._parser.should_upgrade() and self._current is not None:
+            self._resumed_head = upgrade_body_head(self._current)
+            if self._resumed_head is not None:
+                return  # the body llhttp skipped is still to come
         if self._current is not None:
             self._current.content.feed_eof()
             self._current = None
@@ -316,7 +297,7 @@ class AgentConnection(Connection):
                 return False
         return True
 
-    async def _answer(self, request: AgentRequest) -> Reply:
+    async def _answer(self, request: AgentRequest) -> AgentReply:
         try:
             return await self._server.proxy_handler(request)
         except asyncio.CancelledError:
@@ -326,12 +307,12 @@ class AgentConnection(Connection):
             if self.answer_started:
                 # Half an answer went out: only a cut connection can say it is not whole.
                 self.abort()
-                return Reply(500, sent=True)
+                return AgentReply(500, sent=True)
             return _refused(
                 answers.Refusal(answers.SIDECAR_ERROR, "the sidecar failed to handle the request")
             )
 
-    async def _finish(self, request: AgentRequest, reply: Reply) -> bool:
+    async def _finish(self, request: AgentRequest, reply: AgentReply) -> bool:
         """Send ``reply`` unless the relay streamed it; whether the connection goes on."""
         if not reply.sent:
             await self._send_whole(request.version, request.method, reply, request.keep_alive)
@@ -350,7 +331,7 @@ class AgentConnection(Connection):
         return True
 
     async def _send_whole(
-        self, version: HttpVersion, method: str, reply: Reply, keep_alive: bool
+        self, version: HttpVersion, method: str, reply: AgentReply, keep_alive: bool
     ) -> None:
         framing = reply.framing(method, version, keep_alive)
         head = answer_head(version, reply)
@@ -394,7 +375,20 @@ class AgentConnection(Connection):
             self._transport.close()
 
 
-def _refused(refusal: answers.Refusal) -> Reply:
+def upgrade_body_head(request: AgentRequest) -> bytes | None:
+    """For a request llhttp took as an upgrade, a head holding only its body's framing
+    fields, as the agent sent them (``None`` for CONNECT or a request without a body)."""
+    if request.method == "CONNECT" or not request.body_exists:
+        return None
+    names = (b"content-length", b"transfer-encoding")
+    framing = b"".join(
+        b"%s: %s\r\n" % field for field in request.raw_headers if field[0].lower() in names
+    )
+    version = request.version
+    return b"POST / HTTP/%d.%d\r\n%s\r\n" % (version.major, version.minor, framing)
+
+
+def _refused(refusal: answers.Refusal) -> AgentReply:
     reply = refusal.response(answers.refusal_report(refusal.error))
     reply.force_close()
     return reply

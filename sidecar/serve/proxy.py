@@ -19,7 +19,7 @@ from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
 from sidecar.retry.steps import Result
 from sidecar.serve import answers
-from sidecar.serve.agentwire import AgentRequest, Reply
+from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.intake import BodyIntake, StreamedBody, client_too_slow
 from sidecar.serve.relay import relay
 from sidecar.serve.routing import RouteTable, Target, target_fault
@@ -85,7 +85,7 @@ class Proxy:
         # Set when the drain starts: event streams that carry no call end at an event boundary.
         self._streams_end = asyncio.Event()
 
-    async def handle(self, request: AgentRequest) -> Reply:
+    async def handle(self, request: AgentRequest) -> AgentReply:
         try:
             if request.headers.get("Expect"):
                 await _continue(request)
@@ -154,7 +154,7 @@ class Proxy:
 
     async def _admit(
         self, request: AgentRequest, target: Target, request_id: str, call: _Call
-    ) -> Reply:
+    ) -> AgentReply:
         """Forward the request, keeping the books the drain needs."""
         task = asyncio.current_task()
         assert task is not None
@@ -185,7 +185,7 @@ class Proxy:
         request_id: str,
         call: _Call,
         task: asyncio.Task[object],
-    ) -> Reply:
+    ) -> AgentReply:
         """The request's body read, then the request sent if there is room for it."""
         route = target.route
         call.started = time.monotonic()
@@ -217,7 +217,7 @@ class Proxy:
         body: bytes | StreamedBody,
         call: _Call,
         task: asyncio.Task[object],
-    ) -> Reply:
+    ) -> AgentReply:
         """The request, its body in, through the retry engine; the tool's answer relayed,
         or ours."""
         route = target.route
@@ -251,7 +251,7 @@ class Proxy:
 
     def _answer_of_our_own(
         self, route: str, result: Result[Answer], streamed: StreamedBody | None
-    ) -> Reply:
+    ) -> AgentReply:
         """The answer when the tool gave none the agent can have."""
         report = _report(result)
         if streamed is not None and streamed.exceeded:
@@ -269,7 +269,7 @@ class Proxy:
             _log.warning("upstream_answer_broken", reason=result.error_reason)
         return answers.attempt_error_response(result.error, report, reason=result.error_reason)
 
-    def _refused_body(self, refusal: answers.Refusal, call: _Call) -> Reply:
+    def _refused_body(self, refusal: answers.Refusal, call: _Call) -> AgentReply:
         """The answer to a body that could not be read: too large, too slow, malformed, or
         past the memory budget (its agent should try again shortly, on a new connection:
         the rest of its body is not read)."""

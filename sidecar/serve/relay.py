@@ -7,7 +7,7 @@ from collections.abc import Mapping
 
 import structlog
 
-from sidecar.serve.agentwire import AgentRequest, Reply
+from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.sse import EventBoundary, is_event_stream
 from sidecar.transport.exchange import Answer, BodyBroken
 from sidecar.transport.headers import end_to_end_headers
@@ -20,7 +20,7 @@ async def relay(
     answer: Answer,
     report: Mapping[str, str],
     ending: asyncio.Event | None = None,
-) -> Reply:
+) -> AgentReply:
     """The tool's status, reason, headers and body bytes as they came, plus ``report``.
 
     Hop-by-hop headers and any ``X-Sidecar-*`` header of the tool's (which could pass for
@@ -36,8 +36,8 @@ async def relay(
         # Headers and body leave in one write, with the body's length.
         answer.discard()
         headers.popall("Content-Length", None)
-        return Reply(answer.status, answer.response.reason, headers, answer.body)
-    reply = Reply(answer.status, answer.response.reason, headers, sent=True)
+        return AgentReply(answer.status, answer.response.reason, headers, answer.body)
+    reply = AgentReply(answer.status, answer.response.reason, headers, sent=True)
     try:
         reply = await request.start_answer(answer.status, answer.response.reason, headers)
         await request.write_body(answer.body)

@@ -25,12 +25,12 @@ from sidecar.telemetry.events import (
     AttemptStarted,
     BudgetExhausted,
     CircuitRefused,
-    CircuitState,
+    CircuitStateReported,
     Event,
     HedgeFinished,
+    LlmCallFinished,
     LlmFormatRefused,
     LlmReask,
-    LlmRequest,
     PayloadRepaired,
     RepairedRetry,
     RepairFinished,
@@ -212,7 +212,7 @@ class Hooks:
         out of scope, are the names of the fields it touched outside it."""
         self._emit(RepairRefused(route, layer, why, _of(route), fields))
 
-    def llm_request(
+    def llm_call_finished(
         self,
         result: str,
         duration_s: float,
@@ -225,7 +225,7 @@ class Hooks:
         """One call to the LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``, its
         answer held to ``response_format``."""
         self._emit(
-            LlmRequest(
+            LlmCallFinished(
                 result,
                 duration_s,
                 prompt_tokens,
@@ -260,7 +260,7 @@ class Hooks:
     def circuit_state(self, route: str, state_now: int, tool: str = "") -> None:
         """The circuit breaker of the route's ``tool`` (``""``: the whole route's) is in
         ``state_now`` (0 closed, 1 half-open, 2 open)."""
-        self._emit(CircuitState(route, state_now, tool))
+        self._emit(CircuitStateReported(route, state_now, tool))
 
     def circuit_refused(self, route: str, tool: str = "") -> None:
         """The open circuit of the route's ``tool`` refused a request without trying it."""

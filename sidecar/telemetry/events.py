@@ -23,15 +23,17 @@ ALL_EVENTS: dict[str, type[Event]] = {}
 
 
 class Event:
-    """One thing that happened; a subclass's ``name`` is its class name in snake case."""
+    """One thing that happened; a subclass's ``name`` (its hook's and its handlers' name) is
+    its class name in snake case, or the ``hook_name`` it sets."""
 
     __slots__ = ()
     name: ClassVar[str]
+    hook_name: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # ``dataclass(slots=True)`` defines the class anew: the last definition stays.
-        cls.name = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+        cls.name = cls.hook_name or re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
         ALL_EVENTS[cls.name] = cls
 
 
@@ -167,7 +169,7 @@ class RepairFinished(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class LlmRequest(Event):
+class LlmCallFinished(Event):
     """One call to the repair LLM ended: ``ok``, ``error``, ``timeout`` or ``invalid``;
     ``failure`` is what ended a call that was not ``ok``, when something raised;
     ``response_format`` the form its answer was held to (``llm_format.FORMS``)."""
@@ -226,11 +228,14 @@ class SidecarOverloaded(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class CircuitState(Event):
+class CircuitStateReported(Event):
     """The circuit breaker of the route's ``tool`` (``""``: the whole route's) is in
     ``state`` (0 closed, 1 half-open, 2 open): after it admitted a request or refused it,
-    and after it recorded a request's verdict."""
+    and after it recorded a request's verdict. Its hook keeps the name the retry engine
+    calls (``circuit_state``); ``CircuitState`` is the breaker's own state
+    (``retry/guards/circuit``)."""
 
+    hook_name: ClassVar[str | None] = "circuit_state"
     route: str
     state: int
     tool: str = ""

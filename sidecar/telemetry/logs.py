@@ -13,10 +13,10 @@ from sidecar.telemetry.contract import Sink
 from sidecar.telemetry.events import (
     AttemptFinished,
     CircuitRefused,
-    CircuitState,
+    CircuitStateReported,
+    LlmCallFinished,
     LlmFormatRefused,
     LlmReask,
-    LlmRequest,
     PayloadRepaired,
     RepairedRetry,
     RepairRefused,
@@ -130,7 +130,7 @@ class LogSink(Sink):
     def llm_reask(self, event: LlmReask) -> None:
         self.log.info("llm_reask", route=event.route, reason=event.reason)
 
-    def llm_request(self, event: LlmRequest) -> None:
+    def llm_call_finished(self, event: LlmCallFinished) -> None:
         """A call that failed is logged with its error's class and the HTTP status it carries."""
         if event.result != "ok":
             self.log.warning(
@@ -166,7 +166,7 @@ class LogSink(Sink):
                 count=count,
             )
 
-    def circuit_state(self, event: CircuitState) -> None:
+    def circuit_state(self, event: CircuitStateReported) -> None:
         """Once the circuit closes, the refusals not yet logged are (half-open, it still
         refuses)."""
         refusals = self._refusals.get((event.route, event.tool))

@@ -9,10 +9,10 @@ from sidecar.telemetry.contract import Sink
 from sidecar.telemetry.events import (
     AttemptFinished,
     BudgetExhausted,
-    CircuitState,
+    CircuitStateReported,
     HedgeFinished,
+    LlmCallFinished,
     LlmReask,
-    LlmRequest,
     RepairedRetry,
     RepairRefused,
     RepairResult,
@@ -82,7 +82,7 @@ class MetricsSink(Sink):
     def llm_reask(self, event: LlmReask) -> None:
         self._child(self.metrics.repairs, event.route, "llm", "reasked").inc()
 
-    def llm_request(self, event: LlmRequest) -> None:
+    def llm_call_finished(self, event: LlmCallFinished) -> None:
         self._child(self.metrics.llm_requests, event.result).inc()
         self._child(self.metrics.llm_response_format, event.response_format).inc()
         self.metrics.llm_duration.observe(event.duration_s)
@@ -97,7 +97,7 @@ class MetricsSink(Sink):
     def state_error(self, event: StateError) -> None:
         self._child(self.metrics.state_errors, event.op).inc()
 
-    def circuit_state(self, event: CircuitState) -> None:
+    def circuit_state(self, event: CircuitStateReported) -> None:
         self._child(self.metrics.circuit_state, event.route, event.tool).set(event.state)
 
     def hedge_finished(self, event: HedgeFinished) -> None:

@@ -24,7 +24,7 @@ from sidecar.telemetry.events import (
     BudgetExhausted,
     CircuitRefused,
     HedgeFinished,
-    LlmRequest,
+    LlmCallFinished,
     PayloadRepaired,
     RepairedRetry,
     RepairFinished,
@@ -226,7 +226,7 @@ class TraceSink(Sink):
                 )
         self._spans.end(span)
 
-    def llm_request(self, event: LlmRequest) -> None:
+    def llm_call_finished(self, event: LlmCallFinished) -> None:
         spans = _spans(event.request)
         if spans is None:
             return

@@ -21,24 +21,23 @@ request.
 from __future__ import annotations
 
 import enum
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-_TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
-# Field lines (RFC 9110 §5.5): a token, the colon right after it, then tabs, spaces, visible
-# characters and obs-text up to CRLF. Whitespace before the colon, obs-fold, a bare CR or
-# LF and control bytes all fail to match.
-_FIELD_LINES = re.compile(rb"(?:" + _TOKEN + rb":[\t\x20-\x7e\x80-\xff]*\r\n)*")
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([1-5][0-9][0-9])(?: ([\t\x20-\x7e\x80-\xff]*))?\r\n")
-# chunk-size [ chunk-ext ] CRLF (RFC 9112 §7.1), whitespace after the size allowed as h11
-# does; extensions are read past, never used.
-_CHUNK_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})[\t ]*(?:;[\t\x20-\x7e\x80-\xff]*)?\r\n")
-_MAX_CHUNK_LINE = 4096
-_CONTROL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+from sidecar.transport.grammar import (
+    BARE_LF,
+    CHUNK_LINE,
+    FIELD_LINES,
+    MAX_CHUNK_LINE,
+    STATUS_LINE,
+    field_fault,
+    has_bare_lf,
+    status_line_fault,
+    undecodable,
+)
 
 
 class MalformedAnswer(Exception):
@@ -85,6 +84,7 @@ class AnswerParser:
     """Reads one answer to a ``method`` request, fed as bytes arrive."""
 
     __slots__ = (
+        "_checked",
         "_head_only",
         "_held",
         "_max_head",
@@ -105,6 +105,10 @@ class AnswerParser:
         # 58 KB head 4.5 s of CPU in 1-byte writes, against 3 ms whole.
         self._held = bytearray()
         self._scanned = 0
+        # Where the first head line not yet checked starts: a head still coming is checked
+        # line by line, so a tool that sends a bad line and holds its connection is refused
+        # at once rather than when its per-try timeout runs out.
+        self._checked = 0
         self._state = _State.HEAD
         self._remaining = 0
         self.trailing = False  # bytes came after the answer's end
@@ -175,12 +179,15 @@ class AnswerParser:
         if end < 0:
             if len(buffer) > self._max_head:
                 raise MalformedAnswer(f"the answer's head is over {self._max_head} bytes")
-            if _has_bare_lf(buffer, searched):
-                raise MalformedAnswer("a line of the head does not end in CRLF")
+            self._checked = _check_lines(buffer, self._checked, searched)
+            if has_bare_lf(buffer, searched):
+                raise MalformedAnswer(BARE_LF)
             return self._hold(buffer)
+        checked, self._checked = self._checked, 0
         if end + 4 > self._max_head:
             raise MalformedAnswer(f"the answer's head is over {self._max_head} bytes")
-        head = _parse_head(bytes(buffer), end + 2, self._head_only)  # copies held bytes only
+        # Copies held bytes only; the lines checked as they came are not checked again.
+        head = _parse_head(bytes(buffer), end + 2, self._head_only, checked)
         rest = _rest(buffer, end + 4)
         if 100 <= head.status < 200:
             return rest  # an interim answer (100, 103): the final one follows
@@ -216,10 +223,10 @@ class AnswerParser:
         searched = self._scanned
         end = buffer.find(b"\r\n", self._resume_at(1))
         if end < 0:
-            if len(buffer) > _MAX_CHUNK_LINE or buffer.find(b"\n", searched) >= 0:
+            if len(buffer) > MAX_CHUNK_LINE or buffer.find(b"\n", searched) >= 0:
                 raise MalformedAnswer("a chunk's size line is malformed")
             return self._hold(buffer)
-        match = _CHUNK_LINE.fullmatch(buffer, 0, end + 2)
+        match = CHUNK_LINE.fullmatch(buffer, 0, end + 2)
         if match is None:
             raise MalformedAnswer("a chunk's size line is malformed")
         size = int(match[1], 16)
@@ -250,10 +257,10 @@ class AnswerParser:
             return self._finish(_rest(buffer, 2))
         end = buffer.find(b"\r\n\r\n", self._resume_at(3))
         if end < 0:
-            if len(buffer) > self._max_head or _has_bare_lf(buffer, searched):
+            if len(buffer) > self._max_head or has_bare_lf(buffer, searched):
                 raise MalformedAnswer("the answer's trailer section is malformed")
             return self._hold(buffer)
-        if _FIELD_LINES.fullmatch(buffer, 0, end + 2) is None:
+        if FIELD_LINES.fullmatch(buffer, 0, end + 2) is None:
             raise MalformedAnswer("the answer's trailer section is malformed")
         return self._finish(_rest(buffer, end + 4))
 
@@ -263,23 +270,31 @@ def _rest(buffer: bytes | bytearray, start: int) -> bytes:
     return bytes(buffer[start:]) if isinstance(buffer, bytearray) else buffer[start:]
 
 
-def _has_bare_lf(buffer: bytes | bytearray, start: int) -> bool:
-    """Whether an LF at or after ``start`` lacks its CR (the byte before is always in)."""
-    found = buffer.find(b"\n", start)
-    while found >= 0:
-        if found == 0 or buffer[found - 1] != 0x0D:
-            return True
-        found = buffer.find(b"\n", found + 1)
-    return False
+def _check_lines(buffer: bytes | bytearray, start: int, searched: int) -> int:
+    """Checks the whole lines of a head still coming, from ``start`` (a line's start), the
+    status line first, in one match per read; the search for line ends resumes where the
+    last one stopped. Returns where the next line to check starts."""
+    end = buffer.rfind(b"\r\n", max(start, searched - 1))
+    if end < 0:
+        return start
+    if start == 0:
+        status_end = buffer.find(b"\r\n") + 2
+        if STATUS_LINE.fullmatch(buffer, 0, status_end) is None:
+            raise MalformedAnswer(status_line_fault(bytes(buffer[: status_end - 2])))
+        start = status_end
+    if start < end + 2 and FIELD_LINES.fullmatch(buffer, start, end + 2) is None:
+        raise MalformedAnswer(field_fault(bytes(buffer[start : end + 2])))
+    return end + 2
 
 
-def _parse_head(buffer: bytes, fields_end: int, head_only: bool) -> Head:
+def _parse_head(buffer: bytes, fields_end: int, head_only: bool, checked: int) -> Head:
     """The head in ``buffer[:fields_end]`` (its last CRLF included), checked."""
-    status_line = _STATUS_LINE.match(buffer, 0, fields_end)
+    status_line = STATUS_LINE.match(buffer, 0, fields_end)
     if status_line is None:
-        raise MalformedAnswer(_status_line_fault(buffer[: buffer.find(b"\r\n")]))
-    if _FIELD_LINES.fullmatch(buffer, status_line.end(), fields_end) is None:
-        raise MalformedAnswer(_field_fault(buffer[status_line.end() : fields_end]))
+        raise MalformedAnswer(status_line_fault(buffer[: buffer.find(b"\r\n")]))
+    fields_start = max(status_line.end(), checked)
+    if FIELD_LINES.fullmatch(buffer, fields_start, fields_end) is None:
+        raise MalformedAnswer(field_fault(buffer[status_line.end() : fields_end]))
     try:
         reason = (status_line[3] or b"").decode("utf-8")
     except UnicodeDecodeError:
@@ -289,7 +304,7 @@ def _parse_head(buffer: bytes, fields_end: int, head_only: bool) -> Head:
     try:
         text = block.decode("utf-8")
     except UnicodeDecodeError:
-        raise MalformedAnswer(_undecodable(block)) from None
+        raise MalformedAnswer(undecodable(block)) from None
     if text:
         for line in text.split("\r\n"):
             name, _, value = line.partition(":")
@@ -336,41 +351,3 @@ def _framing(
 def _tokens(values: Iterable[str]) -> list[str]:
     """The comma-separated elements of a list-valued field, lower-cased, empties dropped."""
     return [token for value in values for raw in value.split(",") if (token := raw.strip().lower())]
-
-
-def _undecodable(block: bytes) -> str:
-    """Which header's bytes are not UTF-8."""
-    for line in block.split(b"\r\n"):
-        name, _, value = line.partition(b":")
-        try:
-            value.decode("utf-8")
-        except UnicodeDecodeError:
-            return f"header {name.decode('ascii')} is not valid UTF-8"
-    raise AssertionError("a block that does not decode has a line that does not")
-
-
-def _status_line_fault(line: bytes) -> str:
-    """Which rule a status line breaks, for the 502's ``details.reason``."""
-    loose = re.match(rb"HTTP/1\.[01] ([0-9]{3})(?: |$)", line)
-    if loose is not None and not 100 <= int(loose[1]) <= 599:
-        return f"status {int(loose[1])} out of range"
-    if loose is not None and _CONTROL.search(line):
-        return "a control byte in the reason phrase"
-    return "the status line is malformed"
-
-
-def _field_fault(block: bytes) -> str:
-    """Which rule a field block breaks, for the 502's ``details.reason``."""
-    for line in block.split(b"\r\n")[:-1]:
-        if line[:1] in (b" ", b"\t"):
-            return "a folded header line (obs-fold)"
-        name, colon, value = line.partition(b":")
-        if not colon:
-            return "a header line has no colon"
-        if not name or name != name.strip(b" \t"):
-            return "whitespace before a header's colon"
-        if re.fullmatch(_TOKEN, name) is None:
-            return "a header name is not a token"
-        if _CONTROL.search(value):
-            return "a control byte in a header value"
-    return "a line of the head does not end in CRLF"

@@ -1,8 +1,11 @@
 """One socket to a tool, carrying one request at a time, and how far a request got on it.
 
-A connection is reused only when its answer ended exactly where the bytes read so far
-end: anything after it, or anything that arrives while the connection is idle, closes it,
-so no tool's stray bytes can become the answer to the next request.
+A connection's ``ConnectionState`` says whether it may carry the next request (as
+httpcore's ``HTTPConnectionState`` does): it is ``IDLE`` again only when its answer ended
+exactly where the bytes read so far end and the request was all written. Anything after
+the answer, anything that arrives while the connection is idle, an answer that says
+``Connection: close`` or a malformed one makes it ``MUST_CLOSE``, so no tool's stray bytes
+can become the answer to the next request.
 """
 
 from __future__ import annotations
@@ -43,6 +46,51 @@ class Progress:
     stage: Stage = Stage.STARTED
 
 
+class ConnectionState(enum.Enum):
+    IDLE = "idle"  # open, between requests: may carry the next one
+    ACTIVE = "active"  # carrying a request: its body being written or its answer read
+    MUST_CLOSE = "must_close"  # carrying a request, and will carry no other
+    CLOSED = "closed"
+
+
+class ConnectionEvent(enum.Enum):
+    SEND = "send"  # a request's head goes out
+    ANSWER_WHOLE = "answer_whole"  # the answer ended, nothing after it, the request all written
+    CLOSE_ASKED = "close_asked"  # the answer's head said no keep-alive (or HTTP/1.0)
+    OUT_OF_STEP = "out_of_step"  # malformed, bytes after the answer or unasked for, a late head
+    CLOSED = "closed"  # the socket closed, or is being closed
+
+
+_I, _A, _M, _C = (
+    ConnectionState.IDLE,
+    ConnectionState.ACTIVE,
+    ConnectionState.MUST_CLOSE,
+    ConnectionState.CLOSED,
+)
+_E = ConnectionEvent
+# Every (state, event) that can happen; anything else is a bug in the connection.
+TRANSITIONS: dict[tuple[ConnectionState, ConnectionEvent], ConnectionState] = {
+    (_I, _E.SEND): _A,
+    (_I, _E.OUT_OF_STEP): _M,
+    (_A, _E.ANSWER_WHOLE): _I,
+    (_A, _E.CLOSE_ASKED): _M,
+    (_A, _E.OUT_OF_STEP): _M,
+    (_M, _E.ANSWER_WHOLE): _M,
+    (_M, _E.CLOSE_ASKED): _M,
+    (_M, _E.OUT_OF_STEP): _M,
+    **{(state, _E.CLOSED): _C for state in ConnectionState},
+    **{(_C, event): _C for event in ConnectionEvent if event is not _E.SEND},
+}
+
+
+def next_state(state: ConnectionState, event: ConnectionEvent) -> ConnectionState:
+    """The state after ``event``; a request sent on a connection that is not idle raises."""
+    try:
+        return TRANSITIONS[state, event]
+    except KeyError:
+        raise ConnectionBroken(f"{event.value} on a connection that is {state.value}") from None
+
+
 class ConnectionBroken(Exception):
     """The tool's connection closed before its answer ended."""
 
@@ -57,12 +105,12 @@ class Connection(asyncio.Protocol):
         "_on_lost",
         "_parser",
         "_read_paused",
-        "_should_close",
         "_write_paused",
         "_writer",
         "idle_since",
         "key",
         "max_head_bytes",
+        "state",
         "transport",
     )
 
@@ -78,7 +126,7 @@ class Connection(asyncio.Protocol):
         self._parser: AnswerParser | None = None
         self._body: BodyStream | None = None
         self._writer: asyncio.Task[None] | None = None
-        self._should_close = False
+        self.state = ConnectionState.IDLE
         self._read_paused = False
         self._write_paused = False
         self._drain_waiter: asyncio.Future[None] | None = None
@@ -87,10 +135,14 @@ class Connection(asyncio.Protocol):
         # A stream transport (uvloop's is not an ``asyncio.Transport`` subclass).
         self.transport = cast(asyncio.Transport, transport)
 
+    def step(self, event: ConnectionEvent) -> None:
+        self.state = next_state(self.state, event)
+
     def usable(self, now: float) -> bool:
         transport = self.transport
         return (
-            transport is not None
+            self.state is ConnectionState.IDLE
+            and transport is not None
             and not transport.is_closing()
             and now - self.idle_since < IDLE_TIMEOUT_S
         )
@@ -100,19 +152,6 @@ class Connection(asyncio.Protocol):
         self._head_waiter = None
         self._parser = None
         self._body = None
-
-    def reusable(self) -> bool:
-        """Whether the next request may follow on this connection: the answer ended, and
-        nothing came after it."""
-        parser = self._parser
-        return (
-            not self._should_close
-            and self.transport is not None
-            and parser is not None
-            and parser.done
-            and not parser.trailing
-            and (self._writer is None or self._writer.done())
-        )
 
     async def exchange(
         self,
@@ -126,6 +165,7 @@ class Connection(asyncio.Protocol):
         transport = self.transport
         if transport is None or transport.is_closing():
             raise ConnectionBroken("the connection closed before the request was sent")
+        self.step(ConnectionEvent.SEND)
         loop = asyncio.get_running_loop()
         # A parser per answer: nothing one answer left behind can shape the next.
         self._parser = AnswerParser(self, method, self.max_head_bytes)
@@ -169,7 +209,7 @@ class Connection(asyncio.Protocol):
     def _break(self, exc: Exception) -> None:
         """This connection cannot carry its exchange on: whoever waits for the answer's
         head, or reads its body, gets ``exc``."""
-        self._should_close = True
+        self.step(ConnectionEvent.OUT_OF_STEP)
         waiter = self._head_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
@@ -194,11 +234,11 @@ class Connection(asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._should_close = True
         self.transport = None
         parser = self._parser
         if parser is not None and not parser.feed_eof():
             self._break(ConnectionBroken(f"the tool closed the connection ({exc!r})"))
+        self.step(ConnectionEvent.CLOSED)
         if self._writer is not None and not self._writer.done():
             self._writer.cancel()
         self._wake_writer()
@@ -220,20 +260,26 @@ class Connection(asyncio.Protocol):
 
     def answer_head(self, head: Head) -> None:
         if not head.keep_alive:
-            self._should_close = True
+            self.step(ConnectionEvent.CLOSE_ASKED)
         body = self._body = BodyStream(self, _READ_HIGH_WATER)
         waiter = self._head_waiter
         if waiter is not None and not waiter.done():
             waiter.set_result((head, body))
         else:
-            self._should_close = True  # the head came after the request's timeout
+            self.step(ConnectionEvent.OUT_OF_STEP)  # the head came after the request's timeout
 
     def answer_body(self, chunk: bytes) -> None:
         assert self._body is not None
         self._body.feed(chunk)
 
     def answer_end(self) -> None:
-        assert self._body is not None
+        assert self._body is not None and self._parser is not None
+        # Decided before the body's end is told: its reader gives the connection back then.
+        # An answer that ends before the request was all written leaves the tool reading
+        # what the next request would follow (Envoy closes such a connection too).
+        written = self._writer is None or self._writer.done()
+        whole = written and not self._parser.trailing
+        self.step(ConnectionEvent.ANSWER_WHOLE if whole else ConnectionEvent.OUT_OF_STEP)
         self._body.feed_eof()
 
     # Reading: a body's reader that falls behind holds the tool back.
@@ -249,7 +295,7 @@ class Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     def close(self) -> None:
-        self._should_close = True
+        self.step(ConnectionEvent.CLOSED)
         transport = self.transport
         if transport is not None:
             transport.close()

@@ -146,26 +146,6 @@ def body_read(method: str, response: Response) -> BodyRead:
     return BodyRead.NONE
 
 
-async def exchange(
-    pool: Pool,
-    request: UpstreamRequest,
-    timeout_s: float,
-    inspect_limit: int,
-    inspect_timeout_s: float,
-) -> Answer | AttemptError | Malformed:
-    """One attempt: the answer's head, and the part of its body a decision needs.
-
-    ``timeout_s`` bounds connecting, sending and waiting for the head — nothing after:
-    once the head is here the tool has answered, and the attempt is never replayed for a
-    slow body. Reading what a decision needs gets ``inspect_timeout_s``; past it the
-    answer goes to the agent as it is and the rest streams.
-    """
-    sent = await send(pool, request, timeout_s)
-    if not isinstance(sent, Response):
-        return sent
-    return await read_for_decision(request, sent, inspect_limit, inspect_timeout_s)
-
-
 async def send(
     pool: Pool, request: UpstreamRequest, timeout_s: float
 ) -> Response | AttemptError | Malformed:

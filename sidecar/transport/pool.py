@@ -26,6 +26,7 @@ from sidecar.transport.answer import Framing, Head
 from sidecar.transport.body import BodyStream
 from sidecar.transport.connection import (
     Connection,
+    ConnectionState,
     PoolKey,
     Progress,
     RequestBody,
@@ -249,7 +250,7 @@ class Response:
         """Give the connection back: kept when the whole answer came, else closed."""
         connection, self._connection = self._connection, None
         if connection is not None:
-            self._pool.release(connection, reuse=connection.reusable())
+            self._pool.release(connection, reuse=connection.state is ConnectionState.IDLE)
 
     def close(self) -> None:
         connection, self._connection = self._connection, None
