@@ -24,12 +24,12 @@ from sidecar.retry.machine import RetryMachine
 from sidecar.retry.policy import Backoff, Limits
 from sidecar.retry.steps import (
     Attempt,
-    BudgetExhausted,
-    CircuitRefused,
     Prepare,
     ReadCooldown,
     Repair,
     RepairJudged,
+    ReportBudgetExhausted,
+    ReportCircuitRefused,
     Result,
     Send,
     SendHedged,
@@ -227,7 +227,7 @@ def reported(action: Step[Handle]) -> str:
         return f"UsePayload:{action.layer}"
     if isinstance(action, RepairJudged):
         return f"RepairJudged:{action.layer}:{action.result}"
-    assert isinstance(action, BudgetExhausted | CircuitRefused)
+    assert isinstance(action, ReportBudgetExhausted | ReportCircuitRefused)
     return type(action).__name__
 
 
@@ -249,7 +249,7 @@ LIVES = [
     Life("validation error no layer can repair", ("422", "repair=none"),
          "Prepare Send Repair Settle:ok",
          "422 repair=none", Outcome.NOT_RETRYABLE, 1, answer="422", settled="ok"),
-    Life("circuit open: no attempt", (), "CircuitRefused", "circuit_open",
+    Life("circuit open: no attempt", (), "ReportCircuitRefused", "circuit_open",
          Outcome.UNREACHABLE, 0, circuit_open=True, open_for_s=30.0),
     Life("circuit opens during the wait: the 503 goes back", ("503",),
          "Prepare Send WaitRetry Settle:failed",
@@ -263,7 +263,7 @@ LIVES = [
     Life("hedge never for a call not safe to repeat", ("200",), "Prepare Send Settle:ok",
          "200", Outcome.OK, 1, hedge_after_s=0.2, safe_to_repeat=False, answer="200",
          settled="ok"),
-    Life("budget spent", ("503",), "Prepare Send BudgetExhausted Settle:failed",
+    Life("budget spent", ("503",), "Prepare Send ReportBudgetExhausted Settle:failed",
          "503 stop=budget-exhausted", Outcome.BUDGET, 1, budget_per_s=0.0, answer="503",
          settled="failed"),
     Life("deadline: the next wait would outlast it", ("503", "503"),

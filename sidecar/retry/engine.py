@@ -222,11 +222,11 @@ class _Run:
         self.hooks.repair_result(self.route, judged.layer, judged.result)
         return self.machine.resume()
 
-    async def budget_exhausted(self, _: steps.BudgetExhausted) -> Action:
+    async def budget_exhausted(self, _: steps.ReportBudgetExhausted) -> Action:
         self.hooks.budget_exhausted(self.route)
         return self.machine.resume()
 
-    async def circuit_refused(self, _: steps.CircuitRefused) -> Action:
+    async def circuit_refused(self, _: steps.ReportCircuitRefused) -> Action:
         self.hooks.circuit_refused(self.route, self.tool)
         return self.machine.resume()
 
@@ -245,6 +245,6 @@ _HANDLERS: dict[type, Handler] = {
     steps.Repair: _Run.repair,
     steps.UsePayload: _Run.use_payload,
     steps.RepairJudged: _Run.repair_judged,
-    steps.BudgetExhausted: _Run.budget_exhausted,
-    steps.CircuitRefused: _Run.circuit_refused,
+    steps.ReportBudgetExhausted: _Run.budget_exhausted,
+    steps.ReportCircuitRefused: _Run.circuit_refused,
 }

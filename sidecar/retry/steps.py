@@ -149,11 +149,11 @@ class RepairJudged(NamedTuple):
     result: str  # "applied", "succeeded", "failed"
 
 
-class BudgetExhausted(NamedTuple):
+class ReportBudgetExhausted(NamedTuple):
     """Report: the route's retry budget stopped a retry."""
 
 
-class CircuitRefused(NamedTuple):
+class ReportCircuitRefused(NamedTuple):
     """Report: the circuit refused the request before any attempt."""
 
 
@@ -165,8 +165,8 @@ class Settle(NamedTuple):
 
 PREPARE = Prepare()
 READ_COOLDOWN = ReadCooldown()
-BUDGET_EXHAUSTED = BudgetExhausted()
-CIRCUIT_REFUSED = CircuitRefused()
+BUDGET_EXHAUSTED = ReportBudgetExhausted()
+CIRCUIT_REFUSED = ReportCircuitRefused()
 SETTLE_FAILED, SETTLE_OK = Settle(True), Settle(False)
 
 Step = (
@@ -180,8 +180,8 @@ Step = (
     | Repair
     | UsePayload
     | RepairJudged
-    | BudgetExhausted
-    | CircuitRefused
+    | ReportBudgetExhausted
+    | ReportCircuitRefused
     | Settle
     | Result[A]
 )
