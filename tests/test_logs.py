@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -338,3 +339,28 @@ def test_circuit_refusals_are_one_line_per_interval_with_their_count():
     ]
     assert refusals == [("weather", 1), ("search", 1), ("weather", 500), ("weather", 3)]
     assert events_named(logs, "recovery_failed") == []
+
+
+@pytest.mark.parametrize(
+    ("level", "access_log", "lines"),
+    [
+        ("info", False, []),
+        ("info", True, ["request_done"]),
+        ("debug", False, ["request_received", "upstream_attempt", "request_done"]),
+    ],
+)
+def test_a_plain_request_writes_its_debug_lines_only_at_debug(level, access_log, lines):
+    hooks = build_hooks(Metrics(CollectorRegistry()), access_log=access_log)
+    configured = structlog.get_config()["wrapper_class"]
+    structlog.configure(
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper()))
+    )
+    try:
+        with capture_logs() as logs:
+            hooks.request_received("weather", "GET")
+            hooks.attempt_finished("weather", 1, "200", 0.01, None)
+            hooks.request_finished("weather", "GET", "ok", 200, 1, 0.01)
+    finally:
+        structlog.configure(wrapper_class=configured)
+
+    assert [entry["event"] for entry in logs] == lines

@@ -66,6 +66,30 @@ def test_a_sink_gets_the_events_it_names_in_the_order_they_happen():
     assert recorder.seen[1] == CircuitStateReported("weather", 2)
 
 
+def test_a_circuit_state_is_an_event_only_when_it_changes():
+    recorder = _Recorder()
+    hooks = Hooks([recorder])
+
+    for route, state, tool in [
+        ("weather", 0, ""),
+        ("weather", 0, ""),
+        ("weather", 0, "/forecast"),  # another circuit: its first state is news
+        ("weather", 2, ""),
+        ("weather", 2, ""),
+        ("weather", 0, ""),
+        ("search", 0, ""),
+    ]:
+        hooks.circuit_state(route, state, tool)
+
+    assert recorder.seen == [
+        CircuitStateReported("weather", 0),
+        CircuitStateReported("weather", 0, "/forecast"),
+        CircuitStateReported("weather", 2),
+        CircuitStateReported("weather", 0),
+        CircuitStateReported("search", 0),
+    ]
+
+
 def test_a_misspelled_sink_method_is_refused_when_the_sink_is_registered():
     with pytest.raises(TypeError, match=r"_Misspelled\.circuit_refsued names no telemetry event"):
         Hooks([_Recorder(), _Misspelled()])

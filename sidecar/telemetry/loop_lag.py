@@ -23,11 +23,31 @@ _log = structlog.get_logger("sidecar")
 
 async def watch_loop_lag(gauge: Gauge) -> None:
     """Measure the loop's lag until cancelled."""
-    loop = asyncio.get_running_loop()
-    while True:
-        due = loop.time() + SAMPLE_INTERVAL_S
-        await asyncio.sleep(SAMPLE_INTERVAL_S)
-        lag_s = max(0.0, loop.time() - due)
-        gauge.set(lag_s)
+    sampler = _Sampler(asyncio.get_running_loop(), gauge)
+    try:
+        await asyncio.get_running_loop().create_future()  # done only by cancelling
+    finally:
+        sampler.stop()
+
+
+class _Sampler:
+    """One timer callback per sample, not a task sleeping: a task's wake-up adds a future,
+    a second callback and a coroutine step to each of the ten samples a second."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, gauge: Gauge) -> None:
+        self._loop = loop
+        self._gauge = gauge
+        self._due = loop.time() + SAMPLE_INTERVAL_S
+        self._timer = loop.call_at(self._due, self._sample)
+
+    def _sample(self) -> None:
+        now = self._loop.time()
+        lag_s = max(0.0, now - self._due)
+        self._gauge.set(lag_s)
         if lag_s > STALL_LOG_S:
             _log.warning("event_loop_stalled", lag_s=round(lag_s, 3))
+        self._due = now + SAMPLE_INTERVAL_S
+        self._timer = self._loop.call_at(self._due, self._sample)
+
+    def stop(self) -> None:
+        self._timer.cancel()
