@@ -50,7 +50,7 @@ from pathlib import Path
 
 import aiohttp
 from aiohttp import web
-from processes import SIDECAR_ON_LOOPBACK, Bench, free_port, wait_for_port
+from processes import SIDECAR_ON_LOOPBACK, Bench, free_port, tree_serve, wait_for_port
 from report import Report
 
 HERE = Path(__file__).resolve().parent
@@ -306,18 +306,7 @@ ATTACKS: dict[str, Callable[[int, int], Awaitable[str | None]]] = {
 
 
 def sidecar_command(tree: Path, port: int, admin_port: int) -> list[str]:
-    return [
-        sys.executable,
-        "-c",
-        f"import sys; sys.path.insert(0, {str(tree)!r}); import sidecar, runpy;"
-        f"assert sidecar.__file__.startswith({str(tree)!r}), sidecar.__file__;"
-        "runpy.run_module('sidecar', run_name='__main__')",
-        "serve",
-        "--port",
-        str(port),
-        "--admin-port",
-        str(admin_port),
-    ]
+    return tree_serve(tree, "--port", str(port), "--admin-port", str(admin_port))
 
 
 async def rss_watch(pid: int, limit: int, killed: list[int]) -> None:

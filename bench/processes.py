@@ -92,8 +92,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def tree_command(tree: Path, upstream: str, port: int) -> list[str]:
-    """``serve`` from the sidecar in ``tree``, ahead of the installed (editable) project."""
+def tree_serve(tree: Path, *arguments: str) -> list[str]:
+    """``serve arguments…`` from the sidecar in ``tree``, ahead of the installed (editable)
+    project."""
     return [
         sys.executable,
         "-c",
@@ -101,10 +102,12 @@ def tree_command(tree: Path, upstream: str, port: int) -> list[str]:
         f"assert sidecar.__file__.startswith({str(tree)!r}), sidecar.__file__;"
         "runpy.run_module('sidecar', run_name='__main__')",
         "serve",
-        "--upstream",
-        upstream,
-        "--port",
-        str(port),
-        "--admin-port",
-        str(free_port()),
+        *arguments,
     ]
+
+
+def tree_command(tree: Path, upstream: str, port: int) -> list[str]:
+    """``serve`` from the sidecar in ``tree`` in front of ``upstream``."""
+    return tree_serve(
+        tree, "--upstream", upstream, "--port", str(port), "--admin-port", str(free_port())
+    )
