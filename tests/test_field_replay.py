@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from tests.asgi import uvicorn_serving
 from tests.conftest import Sidecar, Tool, completion, scripted
-from tests.wire import Wire, mcp_client
+from tests.wire import Wire, mcp_client, orders_failing_once
 
 PER_TRY_MS = 1000  # every slow tool below takes longer than this
 SLOW_S = 2.2  # longer than the per-try timeout and the default inspection window (2 s)
@@ -177,22 +177,7 @@ async def test_mcp_jsonrpc_error_is_replayed_only_when_the_server_marks_it_retry
     """``error.data.retryable: true`` is the server's word that the call took no effect: it
     is sent again, annotated or not (``place_order``); without it (``cancel_order``) a
     JSON-RPC error goes back as it came."""
-    runs: Counter[str] = Counter()
-    server = MCPServer("field")
-
-    def failing_first_time(name: str, data: dict[str, Any] | None) -> str:
-        runs[name] += 1
-        if runs[name] == 1:
-            raise MCPError(-32603, "price feed warming up", data)
-        return f"{name} run {runs[name]}"
-
-    @server.tool()
-    async def place_order(symbol: str) -> str:
-        return failing_first_time("place_order", {"retryable": True})
-
-    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-    async def cancel_order(symbol: str) -> str:
-        return failing_first_time("cancel_order", None)
+    server, runs = orders_failing_once("field")
 
     async with mcp_agent(server, make_sidecar) as (client, wire):
         await client.list_tools()

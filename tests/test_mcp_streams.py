@@ -26,7 +26,7 @@ from mcp.types import JSONRPCMessage, ToolAnnotations
 
 from tests.asgi import uvicorn_serving
 from tests.conftest import Tool
-from tests.wire import Wire, mcp_client
+from tests.wire import Wire, mcp_client, orders_failing_once
 
 # What crosses between the agent and the server through the tap, besides the body.
 _ASKED = ("Content-Type", "Accept", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID")
@@ -179,23 +179,8 @@ async def test_a_streamed_json_rpc_error_is_retried_only_when_the_server_says_re
     """In the event after the priming one: ``place_order``'s ``-32603`` says
     ``data.retryable: true`` (the server's word that the call took no effect), so it is
     sent again and recovers though the tool has no annotation; ``cancel_order``'s says
-    nothing, so it is not."""
-    runs: Counter[str] = Counter()
-    server = MCPServer("primed")
-
-    def failing_first_time(name: str, data: dict[str, Any] | None) -> str:
-        runs[name] += 1
-        if runs[name] == 1:
-            raise MCPError(-32603, "price feed warming up", data)
-        return f"{name} run {runs[name]}"
-
-    @server.tool()
-    async def place_order(symbol: str) -> str:
-        return failing_first_time("place_order", {"retryable": True})
-
-    @server.tool()
-    async def cancel_order(symbol: str) -> str:
-        return failing_first_time("cancel_order", None)
+    nothing, so it is not, read-only as it is."""
+    server, runs = orders_failing_once("primed")
 
     async with primed_mcp_agent(server, make_tool, make_sidecar) as (client, wire, _):
         await client.list_tools()

@@ -6,14 +6,17 @@ a response hook on their HTTP client keeps them.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import httpx2
 import orjson
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
 
 # The MCP SDK's own defaults: a response stream may stay open for minutes.
 AGENT_TIMEOUT = httpx2.Timeout(30, read=300)
@@ -63,3 +66,27 @@ async def mcp_client(endpoint: str, wire: Wire, *, mode: str = "auto") -> AsyncI
         Client(streamable_http_client(endpoint, http_client=http), mode=mode) as client,
     ):
         yield client
+
+
+def orders_failing_once(name: str) -> tuple[MCPServer, Counter[str]]:
+    """An MCP server whose two tools fail their first call with ``-32603``, and how often
+    each ran: ``place_order`` (no annotation) marks its error ``data.retryable: true``;
+    ``cancel_order`` (annotated read-only) does not."""
+    runs: Counter[str] = Counter()
+    server = MCPServer(name)
+
+    def failing_first_time(tool: str, data: dict[str, bool] | None) -> str:
+        runs[tool] += 1
+        if runs[tool] == 1:
+            raise MCPError(-32603, "price feed warming up", data)
+        return f"{tool} run {runs[tool]}"
+
+    @server.tool()
+    async def place_order(symbol: str) -> str:
+        return failing_first_time("place_order", {"retryable": True})
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def cancel_order(symbol: str) -> str:
+        return failing_first_time("cancel_order", None)
+
+    return server, runs
