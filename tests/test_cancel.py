@@ -168,11 +168,20 @@ async def test_an_agent_that_disconnects_during_a_wait_stops_the_retries(make_to
     await eventually(lambda: sidecar.metric("sidecar_in_flight_requests", route="default") == 0)
 
     assert seen == ["tools/call"]
+    # The agent's deadline, not a verdict on the tool.
+    await eventually(lambda: cancelled_calls(sidecar) == 1)
+    assert not_retryable_calls(sidecar) == 0
 
 
 def cancelled_calls(sidecar: Any) -> float:
     return sidecar.metric(
         "sidecar_requests_total", route="default", method="POST", outcome="deadline"
+    )
+
+
+def not_retryable_calls(sidecar: Any) -> float:
+    return sidecar.metric(
+        "sidecar_requests_total", route="default", method="POST", outcome="not-retryable"
     )
 
 

@@ -116,9 +116,8 @@ async def test_drain_time_running_out_answers_waiting_calls_and_exits_in_time(ai
     app.router.add_post("/hangs", hangs)
     tool = await aiohttp_server(app)
     drain_s = 3.0
-    async with sidecar_process(
-        str(tool.make_url("/")), {"SIDECAR_DRAIN_TIMEOUT_MS": str(int(drain_s * 1000))}
-    ) as sidecar:
+    settings = {"SIDECAR_DRAIN_TIMEOUT_MS": str(int(drain_s * 1000)), "SIDECAR_LOG_LEVEL": "debug"}
+    async with sidecar_process(str(tool.make_url("/")), settings) as sidecar:
         exit_code = asyncio.create_task(sidecar.read_lines_until_exit())
         async with aiohttp.ClientSession() as agent:
             in_flight = asyncio.create_task(agent.post(f"{sidecar.proxy}/hangs", json={}))
@@ -134,6 +133,8 @@ async def test_drain_time_running_out_answers_waiting_calls_and_exits_in_time(ai
     assert response.status == 504
     assert body["error"]["code"] == "UPSTREAM_TIMEOUT"
     assert body["error"]["details"]["reason"] == "shutdown"
+    finished = [json.loads(line) for line in sidecar.lines if '"request_done"' in line]
+    assert [(line["outcome"], line["status"]) for line in finished] == [("deadline", 504)]
     # The drain time, then a moment to answer and stop; 0.1 took twice the drain time.
     assert exited_after < drain_s + 2
 

@@ -165,13 +165,20 @@ class Proxy:
             with Ledger(self._buffers):
                 return await self._forward(request, target, request_id, call, task)
         except asyncio.CancelledError:
-            if not (self._draining and task in self._waiting_for_tool):
+            if task not in self._waiting_for_tool:
+                raise  # the tool's answer was in: its outcome stands
+            # Before the tool's answer, the agent went away (an SDK's timeout closes its
+            # connection) or the drain time ran out: a deadline, as for an MCP
+            # cancellation, not a verdict on the tool.
+            call.outcome = Outcome.DEADLINE
+            if not self._draining:
                 raise
-            # The drain time ran out while the tool still had not answered: say so.
             task.uncancel()
-            return answers.shutdown_response(
+            response = answers.shutdown_response(
                 answers.report_headers(Outcome.DEADLINE, "shutdown", attempts=None)
             )
+            call.status = response.status
+            return response
         finally:
             self._running.discard(task)
             self._waiting_for_tool.discard(task)
