@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import envoy
-from processes import SIDECAR_ON_LOOPBACK, Bench, wait_for_port
+from processes import SIDECAR_ON_LOOPBACK, Bench, cores_kept_awake, wait_for_port
 from report import Report
 
 HERE = Path(__file__).resolve().parent
@@ -654,6 +654,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--out", default=str(HERE / "results.md"))
+    parser.add_argument(
+        "--let-cores-sleep",
+        action="store_true",
+        help="no sleeper keeps the cores awake (see processes.cores_kept_awake)",
+    )
     args = parser.parse_args()
     rounds, seconds = (1, 3.0) if args.quick else (args.rounds, args.seconds)
     if (os.cpu_count() or 1) < 2:
@@ -663,7 +668,12 @@ def main() -> int:
     say = Report()
 
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as workdir:
+    awake = (
+        contextlib.nullcontext()
+        if args.let_cores_sleep
+        else cores_kept_awake([PROXY_CORE, LOAD_CORE])
+    )
+    with awake, tempfile.TemporaryDirectory(prefix="sidecar-bench-") as workdir:
         bench = Bench(Path(workdir))
         try:
             start_everything(bench)
@@ -674,8 +684,13 @@ def main() -> int:
                 f"{platform.python_implementation()} {platform.python_version()}, "
                 f"{_cpu_model()}. Envoy {envoy.version()}, one worker. Proxies on core "
                 f"{PROXY_CORE}; wrk and upstreams on core {LOAD_CORE}. {rounds} interleaved "
-                f"round(s) of {seconds:g} s per cell; the median round is shown. Load average "
-                f"before the run {load_before[0]:.2f}."
+                f"round(s) of {seconds:g} s per cell; the median round is shown. "
+                + (
+                    "Cores allowed to halt when idle. "
+                    if args.let_cores_sleep
+                    else "A 2 ms sleeper on each core keeps it from halting when idle. "
+                )
+                + f"Load average before the run {load_before[0]:.2f}."
             )
             say()
             throughput(bench, say, rounds, seconds)
