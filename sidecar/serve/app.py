@@ -100,7 +100,7 @@ def create_app(
     app[LIFECYCLE] = Lifecycle()
     app[ADMIN_HOSTS] = settings.admin_allowed_hosts
     buffers = app[BUFFERS] = BufferBudget(settings.max_buffered_bytes)
-    metrics.buffered_bytes.set_function(lambda: buffers.used)
+    metrics.buffered_bytes.read = lambda: buffers.used
     if recent is not None:
         app[RECENT_CALLS] = recent
 
