@@ -22,7 +22,7 @@ OPTIONAL_PACKAGES = {
 }
 
 # Everything `serve` imports, then the proxy app and the admin app started and stopped:
-# prints the top-level packages loaded.
+# prints every module loaded.
 STARTED_APP = """
 import asyncio, sys
 import sidecar.cli
@@ -30,15 +30,16 @@ from sidecar.config import load_settings
 from sidecar.serve.app import create_admin_app, create_app, running
 
 async def main():
-    async with running(create_app(load_settings(upstream_url="http://127.0.0.1:9"))) as app:
+    settings = load_settings(upstream_url="http://127.0.0.1:9").served()
+    async with running(create_app(settings)) as app:
         create_admin_app(app)
 
 asyncio.run(main())
-print(" ".join(sorted({name.split(".")[0] for name in sys.modules})))
+print(" ".join(sorted(sys.modules)))
 """
 
 
-def loaded_packages(environment: dict[str, str]) -> set[str]:
+def loaded_modules(environment: dict[str, str]) -> set[str]:
     clean = {
         name: value
         for name, value in os.environ.items()
@@ -55,11 +56,20 @@ def loaded_packages(environment: dict[str, str]) -> set[str]:
     return set(answer.stdout.split())
 
 
-def test_a_started_app_with_the_default_configuration_imports_no_optional_package():
-    loaded = loaded_packages({})
+def packages(modules: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in modules}
 
-    assert loaded & OPTIONAL_PACKAGES == set()
-    assert {"aiohttp", "pydantic", "prometheus_client", "sidecar"} <= loaded
+
+# The repair layer's LLM modules (prompt, answer, scope, cache): only with a model.
+LLM_LAYER = "sidecar.repair.llm"
+
+
+def test_a_started_app_with_the_default_configuration_imports_no_optional_package():
+    loaded = loaded_modules({})
+
+    assert packages(loaded) & OPTIONAL_PACKAGES == set()
+    assert LLM_LAYER not in loaded and "sidecar.repair.scope" not in loaded
+    assert {"aiohttp", "prometheus_client", "sidecar.repair.pipeline"} <= loaded
 
 
 @pytest.mark.parametrize(
@@ -72,7 +82,8 @@ def test_a_started_app_with_the_default_configuration_imports_no_optional_packag
 )
 def test_an_optional_package_is_imported_once_its_feature_is_on(variable, value, package):
     """The probe sees an import when there is one."""
-    loaded = loaded_packages({variable: value})
+    loaded = loaded_modules({variable: value})
 
-    assert package in loaded
-    assert "jsonschema" not in loaded
+    assert package in packages(loaded)
+    assert (LLM_LAYER in loaded) is (package == "openai")
+    assert "jsonschema" not in packages(loaded)
