@@ -34,7 +34,7 @@ _T = TypeVar("_T")
 def hand_off(settings: ServedSettings) -> None:
     """Continue as a fresh interpreter that serves ``settings``. Returns only where that
     cannot be done, for the caller to serve in this process."""
-    if not hasattr(os, "memfd_create"):
+    if not hasattr(os, "memfd_create") or not sys.executable:
         return
     handed = os.memfd_create("sidecar-settings", 0)  # no MFD_CLOEXEC: the new image reads it
     with open(handed, "wb", closefd=False) as written:
