@@ -18,6 +18,10 @@ def mapped_files(pid: int) -> str:
     return Path(f"/proc/{pid}/maps").read_text()
 
 
+def command_line(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+
+
 def field_names(record: type) -> set[str]:
     return {field.name for field in dataclasses.fields(record)}
 
@@ -75,11 +79,23 @@ def test_served_settings_cross_to_the_served_interpreter_whole_and_keep_secrets_
 async def test_serve_continues_in_the_same_process_without_pydantic():
     async with sidecar_process("http://127.0.0.1:9", {"SIDECAR_NOT_A_SETTING": "1"}) as sidecar:
         maps = mapped_files(sidecar.process.pid)
+        command = command_line(sidecar.process.pid)
         exit_code = sidecar.read_lines_until_exit()
         sidecar.process.send_signal(signal.SIGTERM)
         assert await exit_code == 0
 
     assert "pydantic_core" not in maps
+    # What was started still shows in ps: the served interpreter carries it along.
+    assert command[-8:-1] == [
+        "serve",
+        "--upstream",
+        "http://127.0.0.1:9",
+        "--port",
+        "0",
+        "--admin-port",
+        "0",
+    ]
+    assert command[-9].endswith("tool-retry-sidecar")
     assert "uvloop" in maps
     events = [json.loads(line)["event"] for line in sidecar.lines]
     # The warning the validating interpreter logged comes before the served one's lines.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import fields
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -348,7 +349,7 @@ class Settings(Tuning, BaseSettings):
     def served(self) -> ServedSettings:
         """The values ``serve`` reads, as plain records: the served process needs no
         pydantic (``config.served`` says why)."""
-        names = set(ServedSettings.__dataclass_fields__) - {"route_configs"}
+        names = {field.name for field in fields(ServedSettings)} - {"route_configs"}
         values: dict[str, Any] = {name: getattr(self, name) for name in names}
         values["llm_base_url"] = str(self.llm_base_url) if self.llm_base_url else None
         for secret in ("llm_api_key", "state_url"):

@@ -10,7 +10,8 @@ them; tests/test_served_settings.py holds the two in step).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from yarl import URL
 
@@ -36,6 +37,18 @@ class Secret:
 
     def __hash__(self) -> int:
         return hash(self._value)
+
+    def __reduce__(self) -> tuple[type[Secret], tuple[str]]:
+        return (Secret, (self._value,))
+
+
+# Each record is pickled as its class and its values in order: compiled with mypyc, a class
+# with slots, frozen or not, cannot be unpickled by the default protocol.
+_Reduced = tuple[type, tuple[Any, ...]]
+
+
+def _reduced(record: Any) -> _Reduced:
+    return (type(record), tuple(getattr(record, field.name) for field in fields(record)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +81,9 @@ class ServedTuning:
     repair: RepairLevel
     llm_max_repairs: int
 
+    def __reduce__(self) -> _Reduced:
+        return _reduced(self)
+
 
 @dataclass(frozen=True, slots=True)
 class RouteConfig:
@@ -81,6 +97,9 @@ class RouteConfig:
     tuning: ServedTuning
     idempotent: bool = False
     shared_state: bool = True
+
+    def __reduce__(self) -> _Reduced:
+        return _reduced(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +135,6 @@ class ServedSettings:
     state_prefix: str
     state_timeout_ms: int
     route_configs: tuple[RouteConfig, ...]
+
+    def __reduce__(self) -> _Reduced:
+        return _reduced(self)

@@ -47,7 +47,8 @@ def hand_off(settings: ServedSettings) -> None:
 
 def interpreter_line(handed: int) -> list[str]:
     """This interpreter's command line, with its ``-O``, ``-W`` and ``-X`` options, running
-    ``continue_serving`` from this same copy of the package."""
+    ``continue_serving`` from this same copy of the package; the command's own arguments
+    follow, unused, so that ``ps`` and ``pgrep -f`` still show what was started."""
     root = str(Path(sidecar.__file__).resolve().parent.parent)
     code = (
         f"import sys; sys.path.insert(0, {root!r}); from sidecar.serve.handoff import "
@@ -59,7 +60,7 @@ def interpreter_line(handed: int) -> list[str]:
     ]
     warnings = [f"-W{option}" for option in sys.warnoptions]
     optimize = ["-" + "O" * sys.flags.optimize] if sys.flags.optimize else []
-    return [sys.executable, *optimize, *warnings, *options, "-c", code]
+    return [sys.executable, *optimize, *warnings, *options, "-c", code, *sys.argv]
 
 
 def continue_serving(handed: int) -> int:
