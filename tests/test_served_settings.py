@@ -3,15 +3,17 @@ and ``serve`` continues in an interpreter that never loads pydantic."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import pickle
 import signal
+import sys
 from pathlib import Path
 
 from sidecar.config import TUNING_FIELDS, Settings, load_settings
 from sidecar.config.served import RouteConfig, Secret, ServedSettings, ServedTuning
-from tests.processes import sidecar_process
+from tests.processes import clean_env, sidecar_process
 
 
 def mapped_files(pid: int) -> str:
@@ -101,3 +103,35 @@ async def test_serve_continues_in_the_same_process_without_pydantic():
     # The warning the validating interpreter logged comes before the served one's lines.
     assert events[0] == "unknown_variable"
     assert events[1:] == ["sidecar_started", "shutdown_started", "sidecar_stopped"]
+
+
+# ``serve`` on a system without ``memfd_create`` (not Linux, or a seccomp profile that
+# refuses it): the os module has none, as there.
+WITHOUT_MEMFD = """
+import os, sys
+del os.memfd_create
+from sidecar.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+async def test_without_an_in_memory_file_the_validating_interpreter_serves():
+    process = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-c", WITHOUT_MEMFD, "serve", "--upstream", "http://127.0.0.1:9"),
+        *("--port", "0", "--admin-port", "0"),
+        env=clean_env(SIDECAR_HOST="127.0.0.1"),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        started = json.loads(await asyncio.wait_for(process.stdout.readline(), timeout=20))
+        maps = mapped_files(process.pid)
+        process.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.wait(), timeout=10) == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+
+    assert started["event"] == "sidecar_started"
+    assert "pydantic_core" in maps

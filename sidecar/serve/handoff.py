@@ -7,7 +7,7 @@ settings are valid, ``serve`` replaces its own process with a new interpreter (`
 the same PID, so signals, the exit code and a container's view of it are unchanged),
 handing it the served records (``config.served``) through an anonymous in-memory file
 (``memfd_create``: nothing on a file system, and only this process holds it). Where
-there is no such file (not Linux), the same process serves.
+there is no such file (not Linux, or refused), the same process serves.
 """
 
 from __future__ import annotations
@@ -36,13 +36,19 @@ def hand_off(settings: ServedSettings) -> None:
     cannot be done, for the caller to serve in this process."""
     if not hasattr(os, "memfd_create") or not sys.executable:
         return
-    handed = os.memfd_create("sidecar-settings", 0)  # no MFD_CLOEXEC: the new image reads it
+    try:  # a seccomp profile may refuse memfd_create; exec fails only before it replaces us
+        handed = os.memfd_create("sidecar-settings", 0)  # no MFD_CLOEXEC: the new image reads it
+    except OSError:
+        return
     with open(handed, "wb", closefd=False) as written:
         pickle.dump(settings, written)
     os.lseek(handed, 0, os.SEEK_SET)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, interpreter_line(handed))
+    try:
+        os.execv(sys.executable, interpreter_line(handed))
+    except OSError:
+        os.close(handed)
 
 
 def interpreter_line(handed: int) -> list[str]:
