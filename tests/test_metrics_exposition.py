@@ -3,8 +3,8 @@
 request path counts in plain numbers (``telemetry.metric_series``).
 
 ``metrics_exposition.prom`` is the table of expected families: the text exposition of
-``metrics_scenario`` as written by 0.4's metrics (prometheus_client ``Counter``,
-``Histogram`` and ``Gauge`` objects), the process and platform families left out.
+``metrics_scenario`` as prometheus_client's own ``Counter``, ``Histogram`` and ``Gauge``
+objects wrote it, the process and platform families left out.
 """
 
 from __future__ import annotations
