@@ -237,7 +237,7 @@ async def memory_rows(store: RedisServer) -> list[list[Any]]:
     cleared = store.client()
     cleared.flushall()
     cleared.close()
-    settings = load_settings(upstream_url="http://tool", state_url=store.url)
+    settings = load_settings(upstream_url="http://tool", state_url=store.url).served()
     state = StateStore.from_settings(
         settings, build_hooks(Metrics(CollectorRegistry()), environ={})
     )

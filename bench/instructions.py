@@ -74,6 +74,8 @@ def measure(
         "valgrind",
         "--tool=callgrind",
         "--instr-atstart=no",
+        # From 0.5 ``serve`` continues in a fresh interpreter (exec, the same PID).
+        "--trace-children=yes",
         f"--callgrind-out-file={outfile}",
         *command,
         env={**SIDECAR_ON_LOOPBACK, **env},

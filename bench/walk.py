@@ -64,6 +64,8 @@ async def main():
     async def no_wait(seconds):
         return None
     configuration = load_settings(upstream_url=f"http://127.0.0.1:{port}")
+    # From 0.5 the app is built from the served records.
+    configuration = configuration.served() if hasattr(configuration, "served") else configuration
     sidecar_app = create_app(configuration, sleep=no_wait)
     async with running(sidecar_app):
         server = web.ServerRunner(proxy_server(sidecar_app, configuration))

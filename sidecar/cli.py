@@ -3,24 +3,20 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
 
 import structlog
 
 from sidecar import __version__
 from sidecar.config import ConfigError, Settings, load_settings, masked, unknown_variables
 from sidecar.inject import args as inject_args
-from sidecar.serve.server import StartupError, serve
+from sidecar.serve.handoff import EXIT_CANNOT_START, hand_off, run_loop, serve_until_stopped
 from sidecar.telemetry.logging_setup import configure_logging
 from sidecar.telemetry.otel import tracing_exporters
 
-# Bad configuration, or a start that cannot succeed as configured (a port in use).
-EXIT_CANNOT_START = 2
 # Where a newcomer goes from --help: the check before serving, and the documentation.
 EPILOG = """\
 Before serving, check a configuration (environment, --config file) and see what it
@@ -30,7 +26,6 @@ resolves to, secrets masked:
 Documentation, in the project's repository: README.md (start here),
 docs/configuration.md (every setting), docs/tuning.md (backoff and timeouts),
 docs/operations.md (metrics, logs, start-up errors), docs/kubernetes.md (inject)."""
-_T = TypeVar("_T")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -76,16 +71,6 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
-def _run(main: Coroutine[Any, Any, _T]) -> _T:
-    """Run ``main`` on uvloop when it is installed, else on asyncio's own loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
-
-
 def _with_default_command(argv: Sequence[str]) -> list[str]:
     """``serve`` is the default command, also when only its flags are given."""
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
@@ -118,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         configure_logging(str(DEMO_SETTINGS["log_level"]), "console")
         try:
-            return _run(run_demo(sys.stdout, keep_running=args.keep_running))
+            return run_loop(run_demo(sys.stdout, keep_running=args.keep_running))
         except ConfigError as exc:
             print(exc, file=sys.stderr)
             return EXIT_CANNOT_START
@@ -143,9 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = structlog.get_logger("sidecar")
     for variable in ignored:
         log.warning("unknown_variable", variable=variable.name, reason=str(variable))
-    try:
-        _run(serve(settings))
-    except (StartupError, ConfigError) as exc:
-        print(exc, file=sys.stderr)
-        return EXIT_CANNOT_START
-    return 0
+    served = settings.served()
+    hand_off(served)  # on Linux, this process continues as a fresh interpreter
+    return serve_until_stopped(served)

@@ -180,7 +180,7 @@ async def make_sidecar(aiohttp_client: Any) -> AsyncIterator[Callable[..., Await
                 upstream = upstream.url
             registry = CollectorRegistry()
             sleep = sleep or RecordingSleep(clock if isinstance(clock, FakeClock) else None)
-            configuration = load_settings(upstream_url=upstream, **settings)
+            configuration = load_settings(upstream_url=upstream, **settings).served()
             app = create_app(configuration, registry=registry, sleep=sleep, clock=clock)
             await apps.enter_async_context(running(app))
             server = ServedProxy(proxy_server(app, configuration))

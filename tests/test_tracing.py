@@ -243,7 +243,7 @@ def _imports_the_sdk(environment: dict[str, str]) -> bool:
         "import sys\n"
         "from sidecar.serve.app import create_app\n"
         "from sidecar.config import load_settings\n"
-        "create_app(load_settings(upstream_url='http://127.0.0.1:9'))\n"
+        "create_app(load_settings(upstream_url='http://127.0.0.1:9').served())\n"
         "print(any(name.startswith('opentelemetry') for name in sys.modules))\n"
     )
     clean = {name: value for name, value in os.environ.items() if not name.startswith("OTEL_")}
@@ -279,7 +279,7 @@ def test_an_exporter_or_protocol_not_shipped_is_refused_at_startup(
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv(variable, value)
     with pytest.raises(ConfigError, match=message):
-        create_app(load_settings(upstream_url="http://127.0.0.1:9"))
+        create_app(load_settings(upstream_url="http://127.0.0.1:9").served())
     checked = subprocess.run(
         [sys.executable, "-m", "sidecar", "check-config", "--upstream", "http://127.0.0.1:9"],
         capture_output=True,

@@ -10,6 +10,8 @@ do, runs this file first, and must not load pydantic-settings and the loader wit
 - ``sources``: flags, environment, other tools' variables, the YAML file
 - ``messages``: the one-line messages, and the names a reader most likely meant
 - ``routes``: each route's settings merged over the process defaults
+- ``served``: ``ServedSettings``, ``ServedTuning``, ``RouteConfig``: what ``serve`` reads, as
+  plain records
 - ``loader``: ``load_settings``
 - ``display``: the masked configuration ``check-config`` prints
 """
@@ -28,11 +30,13 @@ if TYPE_CHECKING:
     from sidecar.config.model import DEFAULT_ROUTE_NAME as DEFAULT_ROUTE_NAME
     from sidecar.config.model import ENV_PREFIX as ENV_PREFIX
     from sidecar.config.model import TUNING_FIELDS as TUNING_FIELDS
-    from sidecar.config.model import RouteConfig as RouteConfig
     from sidecar.config.model import RouteSpec as RouteSpec
     from sidecar.config.model import Settings as Settings
     from sidecar.config.model import Tuning as Tuning
     from sidecar.config.routes import resolve_routes as resolve_routes
+    from sidecar.config.served import RouteConfig as RouteConfig
+    from sidecar.config.served import ServedSettings as ServedSettings
+    from sidecar.config.served import ServedTuning as ServedTuning
     from sidecar.config.values import REPAIR_LEVELS as REPAIR_LEVELS
     from sidecar.config.values import CircuitScope as CircuitScope
     from sidecar.config.values import JitterMode as JitterMode
@@ -49,7 +53,9 @@ _HOMES = {
     "DEFAULT_ROUTE_NAME": "model",
     "ENV_PREFIX": "model",
     "TUNING_FIELDS": "model",
-    "RouteConfig": "model",
+    "RouteConfig": "served",
+    "ServedSettings": "served",
+    "ServedTuning": "served",
     "RouteSpec": "model",
     "Settings": "model",
     "Tuning": "model",

@@ -1,15 +1,16 @@
 """The configuration's models and the types of their values.
 
 ``Tuning`` holds every retry and repair setting; each may be set once for the process
-and again per route. ``RouteSpec`` is a route as written, ``RouteConfig`` one ready to
-serve, and ``Settings`` the whole process configuration, which ``load_settings`` builds.
+and again per route. ``RouteSpec`` is a route as written, and ``Settings`` the whole
+process configuration, which ``load_settings`` builds; ``Settings.served`` copies what
+serving reads into plain records (``config.served``), routes resolved.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import fields
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -32,6 +33,7 @@ from pydantic_settings import (
 )
 from yarl import URL
 
+from sidecar.config.served import RouteConfig, Secret, ServedSettings, ServedTuning
 from sidecar.config.sources import settings_sources
 from sidecar.config.values import CircuitScope, JitterMode, RepairLevel, ReplayMode
 
@@ -209,20 +211,6 @@ class RouteSpec(BaseModel):
         return value.rstrip("/") or "/"
 
 
-@dataclass(frozen=True, slots=True)
-class RouteConfig:
-    """A route ready to serve: its upstream parsed and its tuning resolved."""
-
-    name: str
-    prefix: str
-    upstream: URL
-    strip_prefix: bool
-    schema_source: str | None
-    tuning: Tuning
-    idempotent: bool = False
-    shared_state: bool = True
-
-
 class Settings(Tuning, BaseSettings):
     """The process configuration. Build it with ``load_settings``."""
 
@@ -357,3 +345,19 @@ class Settings(Tuning, BaseSettings):
         from sidecar.config.routes import resolve_routes
 
         return resolve_routes(self)
+
+    def served(self) -> ServedSettings:
+        """The values ``serve`` reads, as plain records: the served process needs no
+        pydantic (``config.served`` says why)."""
+        names = {field.name for field in fields(ServedSettings)} - {"route_configs"}
+        values: dict[str, Any] = {name: getattr(self, name) for name in names}
+        values["llm_base_url"] = str(self.llm_base_url) if self.llm_base_url else None
+        for secret in ("llm_api_key", "state_url"):
+            value = values[secret]
+            values[secret] = Secret(value.get_secret_value()) if value is not None else None
+        return ServedSettings(**values, route_configs=self.route_configs)
+
+
+def served_tuning(tuning: Tuning) -> ServedTuning:
+    """A route's tuning as the plain record it is served with."""
+    return ServedTuning(**{name: getattr(tuning, name) for name in TUNING_FIELDS})

@@ -11,7 +11,8 @@ from yarl import URL
 
 from sidecar.config.errors import ConfigError
 from sidecar.config.messages import describe
-from sidecar.config.model import TUNING_FIELDS, RouteConfig, Settings, Tuning
+from sidecar.config.model import TUNING_FIELDS, Settings, Tuning, served_tuning
+from sidecar.config.served import RouteConfig
 
 
 def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
@@ -32,7 +33,7 @@ def resolve_routes(settings: Settings) -> tuple[RouteConfig, ...]:
                 upstream=URL(str(spec.upstream)),
                 strip_prefix=spec.strip_prefix,
                 schema_source=spec.schema_source,
-                tuning=tuning,
+                tuning=served_tuning(tuning),
                 idempotent=spec.idempotent,
                 shared_state=spec.shared_state,
             )

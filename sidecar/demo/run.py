@@ -132,7 +132,7 @@ async def run_demo(
             }
         ],
         **{**DEMO_SETTINGS, **(settings_overrides or {})},
-    )
+    ).served()
     sidecar_app = create_app(settings)
     started = contextlib.AsyncExitStack()
     await started.enter_async_context(running(sidecar_app))

@@ -8,19 +8,23 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sidecar.config.values import RepairLevel
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
-from sidecar.repair.llm import LlmRepairer
-from sidecar.repair.llm_prompt import MAX_PROMPT_PAYLOAD_BYTES, LlmRequest
 from sidecar.repair.payload import Payload, fingerprint
 from sidecar.repair.redact import sent_secrets
 from sidecar.repair.schemas import SchemaStore
 from sidecar.telemetry import Hooks
 from sidecar.tool.envelopes import Reply
 from sidecar.transport.exchange import UpstreamRequest
+
+if TYPE_CHECKING:
+    # The LLM layer's modules load with the first repairer (``serve.app``): a sidecar
+    # without a model never holds them.
+    from sidecar.repair.llm import LlmRepairer
+    from sidecar.repair.llm_prompt import LlmRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +119,8 @@ class Repairs:
         schema: dict[str, Any] | None,
     ) -> Proposal:
         """The model's correction of ``document`` as a proposal, or its decline."""
+        from sidecar.repair.llm_prompt import MAX_PROMPT_PAYLOAD_BYTES
+
         if len(job.payload.body) > MAX_PROMPT_PAYLOAD_BYTES:
             self._hooks.repair_refused(job.route, "llm", "prompt_too_large")
             return Proposal()
@@ -149,6 +155,8 @@ class Repairs:
         self, job: RepairJob, document: dict[str, Any], schema: dict[str, Any] | None
     ) -> LlmRequest:
         """What the model is told about ``job``'s failure of ``document``."""
+        from sidecar.repair.llm_prompt import LlmRequest
+
         return LlmRequest(
             method=job.method,
             route=job.route,

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from sidecar.config.values import REPAIR_LEVELS, RepairLevel
 
 if TYPE_CHECKING:
-    from sidecar.config.model import Tuning
+    from sidecar.config.served import ServedTuning
 
 MAX_RETRIES = "X-Sidecar-Max-Retries"
 TIMEOUT_MS = "X-Sidecar-Timeout-Ms"
@@ -29,7 +29,7 @@ class RequestControls:
     agent_deadline: bool = False
 
 
-def request_controls(tuning: Tuning, headers: Mapping[str, str]) -> RequestControls:
+def request_controls(tuning: ServedTuning, headers: Mapping[str, str]) -> RequestControls:
     """The route's limits, lowered where the agent asked; unreadable values are ignored."""
     max_retries = tuning.max_retries
     asked_retries = _non_negative_int(headers.get(MAX_RETRIES))

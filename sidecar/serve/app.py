@@ -15,9 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.openmetrics import exposition as openmetrics
 from yarl import URL
 
-from sidecar.config import RouteConfig, Settings
-from sidecar.repair.llm import LlmRepairer
-from sidecar.repair.llm_http import bounded_http_client
+from sidecar.config.served import RouteConfig, ServedSettings
 from sidecar.repair.pipeline import Repairs
 from sidecar.repair.schemas import SchemaStore
 from sidecar.retry.engine import Clock, Engine, Sleep
@@ -71,7 +69,7 @@ INSPECT_LIMIT_BYTES = 256 * 1024
 
 
 def create_app(
-    settings: Settings,
+    settings: ServedSettings,
     *,
     registry: CollectorRegistry | None = None,
     sleep: Sleep = asyncio.sleep,
@@ -100,7 +98,7 @@ def create_app(
     app[LIFECYCLE] = Lifecycle()
     app[ADMIN_HOSTS] = settings.admin_allowed_hosts
     buffers = app[BUFFERS] = BufferBudget(settings.max_buffered_bytes)
-    metrics.buffered_bytes.set_function(lambda: buffers.used)
+    metrics.buffered_bytes.read = lambda: buffers.used
     if recent is not None:
         app[RECENT_CALLS] = recent
 
@@ -120,7 +118,11 @@ def create_app(
 
 
 def _proxy(
-    settings: Settings, routes: RouteTable, engine: Engine, hooks: Hooks, buffers: BufferBudget
+    settings: ServedSettings,
+    routes: RouteTable,
+    engine: Engine,
+    hooks: Hooks,
+    buffers: BufferBudget,
 ) -> Proxy:
     return Proxy(
         routes,
@@ -136,7 +138,7 @@ def _proxy(
 
 async def _start_engine(
     held: contextlib.AsyncExitStack,
-    settings: Settings,
+    settings: ServedSettings,
     routes: tuple[RouteConfig, ...],
     hooks: Hooks,
     sleep: Sleep,
@@ -152,6 +154,8 @@ async def _start_engine(
     llm_client = llm_client_for(settings)
     repairer = None
     if llm_client is not None:
+        from sidecar.repair.llm import LlmRepairer  # with its prompt and answer modules
+
         held.push_async_callback(llm_client.close)
         repairer = LlmRepairer(
             llm_client,
@@ -179,7 +183,7 @@ async def _start_engine(
 
 async def _load_schemas(
     held: contextlib.AsyncExitStack,
-    settings: Settings,
+    settings: ServedSettings,
     routes: tuple[RouteConfig, ...],
     hooks: Hooks,
 ) -> SchemaStore:
@@ -218,12 +222,14 @@ async def running(app: web.Application) -> AsyncIterator[web.Application]:
         await app.cleanup()
 
 
-def proxy_runner_for(app: web.Application, settings: Settings, **runner: Any) -> web.ServerRunner:
+def proxy_runner_for(
+    app: web.Application, settings: ServedSettings, **runner: Any
+) -> web.ServerRunner:
     """A runner serving a running proxy app on ``proxy_server``."""
     return web.ServerRunner(proxy_server(app, settings), **runner)
 
 
-def proxy_server(app: web.Application, settings: Settings) -> web.Server:
+def proxy_server(app: web.Application, settings: ServedSettings) -> web.Server:
     """A running proxy app on the agent-facing server (``httpserver``).
 
     Every method and path (CONNECT's host:port and OPTIONS's ``*`` too) goes to the
@@ -246,7 +252,7 @@ def proxy_server(app: web.Application, settings: Settings) -> web.Server:
     )
 
 
-def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
+def llm_client_for(settings: ServedSettings) -> openai.AsyncOpenAI | None:
     """The process's one OpenAI-compatible client, when an endpoint or key is configured.
 
     Built with ``max_retries=0``: the sidecar's own loop is the only retry there is; its
@@ -257,10 +263,12 @@ def llm_client_for(settings: Settings) -> openai.AsyncOpenAI | None:
         return None
     import openai
 
+    from sidecar.repair.llm_http import bounded_http_client
+
     # The client appends each endpoint's path to the base URL's text, query included
     # (``/v1?api-key=K`` would become ``/v1/?api-key=Kchat/completions``): a query such as
     # Azure's ``api-key`` or ``api-version`` is passed as the default query instead.
-    base_url = URL(str(settings.llm_base_url)) if settings.llm_base_url else None
+    base_url = URL(settings.llm_base_url) if settings.llm_base_url else None
     return openai.AsyncOpenAI(
         base_url=str(base_url.with_query(None)) if base_url else None,
         default_query=dict(base_url.query) if base_url and base_url.query else None,

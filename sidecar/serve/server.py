@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 
 from sidecar import __version__
-from sidecar.config import Settings
+from sidecar.config.served import ServedSettings
 from sidecar.outcomes import out_of_descriptors
 from sidecar.serve.app import (
     HOOKS,
@@ -61,7 +61,7 @@ async def _listen(
         raise StartupError(f"cannot listen on {host}:{port}, the {role}: {reason}") from None
 
 
-async def serve(settings: Settings) -> None:
+async def serve(settings: ServedSettings) -> None:
     """Serve until a SIGTERM/SIGINT arrives, then drain and return.
 
     Draining: ``/readyz`` turns 503, the proxy stops listening, and requests in flight
@@ -114,7 +114,7 @@ async def serve(settings: Settings) -> None:
 
 
 async def _listen_on_both(
-    settings: Settings, proxy_runner: web.BaseRunner, admin_runner: web.BaseRunner
+    settings: ServedSettings, proxy_runner: web.BaseRunner, admin_runner: web.BaseRunner
 ) -> None:
     """The admin port first, so that a probe finds it as soon as the proxy accepts."""
     await _listen(

@@ -14,7 +14,6 @@ from typing import Any, TextIO
 
 import orjson
 import structlog
-from aiohttp.http_exceptions import HttpProcessingError
 
 from sidecar.credentials import MASK, is_secret_name, mask_path
 
@@ -25,6 +24,10 @@ class _ClientFaultFilter(logging.Filter):
     already got its 400, so it becomes one info line."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        # Imported here: ``serve`` configures logging before it hands off to the served
+        # interpreter (``serve.handoff``), which alone needs aiohttp.
+        from aiohttp.http_exceptions import HttpProcessingError
+
         fault = record.exc_info[1] if record.exc_info else None
         if isinstance(fault, HttpProcessingError):
             record.levelno, record.levelname = logging.INFO, "INFO"

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 
 import structlog
-from prometheus_client import Gauge
+
+from sidecar.telemetry.metric_series import GaugeSeries
 
 SAMPLE_INTERVAL_S = 0.1
 # A stall an agent with a 1 s budget notices: a quarter of it.
@@ -21,7 +22,7 @@ STALL_LOG_S = 0.25
 _log = structlog.get_logger("sidecar")
 
 
-async def watch_loop_lag(gauge: Gauge) -> None:
+async def watch_loop_lag(gauge: GaugeSeries) -> None:
     """Measure the loop's lag until cancelled."""
     sampler = _Sampler(asyncio.get_running_loop(), gauge)
     try:
@@ -34,7 +35,7 @@ class _Sampler:
     """One timer callback per sample, not a task sleeping: a task's wake-up adds a future,
     a second callback and a coroutine step to each of the ten samples a second."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, gauge: Gauge) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, gauge: GaugeSeries) -> None:
         self._loop = loop
         self._gauge = gauge
         self._due = loop.time() + SAMPLE_INTERVAL_S
@@ -43,7 +44,7 @@ class _Sampler:
     def _sample(self) -> None:
         now = self._loop.time()
         lag_s = max(0.0, now - self._due)
-        self._gauge.set(lag_s)
+        self._gauge.set((), lag_s)
         if lag_s > STALL_LOG_S:
             _log.warning("event_loop_stalled", lag_s=round(lag_s, 3))
         self._due = now + SAMPLE_INTERVAL_S

@@ -6,17 +6,14 @@ Which event moves which metric is the metrics sink's business (``telemetry.metri
 
 from __future__ import annotations
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    PlatformCollector,
-    ProcessCollector,
-    disable_created_metrics,
-)
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from sidecar import __version__
+from sidecar.telemetry.metric_series import CounterSeries, GaugeSeries, HistogramSeries
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -38,143 +35,142 @@ def method_label(method: str) -> str:
     return method if method in KNOWN_METHODS else "OTHER"
 
 
-class Metrics:
-    """The contract's metrics, registered on the registry given (never the global one)."""
+class Metrics(Collector):
+    """The contract's metrics, registered on the registry given (never the global one) as
+    one collector that builds their families when scraped (``metric_series`` says why)."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        # ``*_created`` series double every counter's size and no dashboard reads them.
-        disable_created_metrics()  # type: ignore[no-untyped-call]  # unannotated upstream
         self.registry = registry
         # process_* (memory, open fds, CPU) and python_info, as every Python exporter has.
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
-        self.build_info = Gauge(
-            "sidecar_build_info", "Build of the running sidecar", ["version"], registry=registry
+        self.build_info = GaugeSeries(
+            "sidecar_build_info", "Build of the running sidecar", ("version",)
         )
-        self.build_info.labels(version=__version__).set(1)
+        self.build_info.set((__version__,), 1)
+        self._define_request_metrics()
+        self._define_recovery_metrics()
+        self._define_llm_metrics()
+        self._define_guard_metrics()
         # The order of definition is the order of the exposition.
-        self._define_request_metrics(registry)
-        self._define_recovery_metrics(registry)
-        self._define_llm_metrics(registry)
-        self._define_guard_metrics(registry)
+        self._series = (
+            self.build_info,
+            self.requests,
+            self.request_duration,
+            self.upstream_attempts,
+            self.upstream_duration,
+            self.in_flight,
+            self.buffered_bytes,
+            self.loop_lag,
+            self.retries,
+            self.retry_wait,
+            self.budget_exhausted,
+            self.repairs,
+            self.llm_requests,
+            self.llm_response_format,
+            self.llm_duration,
+            self.llm_tokens,
+            self.state_errors,
+            self.circuit_state,
+            self.hedges,
+        )
+        registry.register(self)
 
-    def _define_request_metrics(self, registry: CollectorRegistry) -> None:
+    def collect(self) -> Iterator[Metric]:
+        for series in self._series:
+            yield series.family()
+
+    def _define_request_metrics(self) -> None:
         """The agent's requests and the attempts sent upstream for them."""
-        self.requests = Counter(
+        self.requests = CounterSeries(
             "sidecar_requests_total",
             "Requests answered, by how they ended",
-            ["route", "method", "outcome"],
-            registry=registry,
+            ("route", "method", "outcome"),
         )
-        self.request_duration = Histogram(
+        self.request_duration = HistogramSeries(
             "sidecar_request_duration_seconds",
             "Time from request to answer headers, waits and retries included",
-            ["route", "outcome"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+            _LATENCY_BUCKETS,
+            ("route", "outcome"),
         )
-        self.upstream_attempts = Counter(
+        self.upstream_attempts = CounterSeries(
             "sidecar_upstream_attempts_total",
             "Attempts sent upstream, by status code, 'error' or 'cancelled' (lost a hedge race)",
-            ["route", "status"],
-            registry=registry,
+            ("route", "status"),
         )
-        self.upstream_duration = Histogram(
+        self.upstream_duration = HistogramSeries(
             "sidecar_upstream_duration_seconds",
             "Time of one upstream attempt until its answer was ready to decide on",
-            ["route"],
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
+            _LATENCY_BUCKETS,
+            ("route",),
         )
-        self.in_flight = Gauge(
-            "sidecar_in_flight_requests",
-            "Requests being handled now",
-            ["route"],
-            registry=registry,
+        self.in_flight = GaugeSeries(
+            "sidecar_in_flight_requests", "Requests being handled now", ("route",)
         )
-        self.buffered_bytes = Gauge(
+        self.buffered_bytes = GaugeSeries(
             "sidecar_buffered_bytes",
             "Bytes of heads, bodies and answers held in memory (SIDECAR_MAX_BUFFERED_BYTES)",
-            registry=registry,
         )
-        self.loop_lag = Gauge(
+        self.loop_lag = GaugeSeries(
             "sidecar_event_loop_lag_seconds",
             "How late the event loop last ran a timer: time a callback held it",
-            registry=registry,
         )
 
-    def _define_recovery_metrics(self, registry: CollectorRegistry) -> None:
+    def _define_recovery_metrics(self) -> None:
         """Retries, their waits and budget, and payload repairs."""
-        self.retries = Counter(
-            "sidecar_retries_total",
-            "Retries sent, by what prompted them",
-            ["route", "reason"],
-            registry=registry,
+        self.retries = CounterSeries(
+            "sidecar_retries_total", "Retries sent, by what prompted them", ("route", "reason")
         )
-        self.retry_wait = Histogram(
+        self.retry_wait = HistogramSeries(
             "sidecar_retry_wait_seconds",
             "Waits before retries, by who chose their length",
-            ["route", "source"],
-            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
-            registry=registry,
+            (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60),
+            ("route", "source"),
         )
-        self.budget_exhausted = Counter(
+        self.budget_exhausted = CounterSeries(
             "sidecar_retry_budget_exhausted_total",
             "Retries refused because the route's retry budget was spent",
-            ["route"],
-            registry=registry,
+            ("route",),
         )
-        self.repairs = Counter(
+        self.repairs = CounterSeries(
             "sidecar_repairs_total",
             "Payload repairs, by layer and result",
-            ["route", "layer", "result"],
-            registry=registry,
+            ("route", "layer", "result"),
         )
 
-    def _define_llm_metrics(self, registry: CollectorRegistry) -> None:
+    def _define_llm_metrics(self) -> None:
         """The calls to the repair LLM."""
-        self.llm_requests = Counter(
-            "sidecar_llm_requests_total",
-            "Calls to the repair LLM, by result",
-            ["result"],
-            registry=registry,
+        self.llm_requests = CounterSeries(
+            "sidecar_llm_requests_total", "Calls to the repair LLM, by result", ("result",)
         )
-        self.llm_response_format = Counter(
+        self.llm_response_format = CounterSeries(
             "sidecar_llm_response_format_total",
             "Calls to the repair LLM, by the form their answer was held to",
-            ["format"],
-            registry=registry,
+            ("format",),
         )
-        self.llm_duration = Histogram(
+        self.llm_duration = HistogramSeries(
             "sidecar_llm_duration_seconds",
             "Time of one call to the repair LLM",
-            buckets=(0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30),
-            registry=registry,
+            (0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30),
         )
-        self.llm_tokens = Counter(
-            "sidecar_llm_tokens_total",
-            "Tokens the repair LLM reported using",
-            ["kind"],
-            registry=registry,
+        self.llm_tokens = CounterSeries(
+            "sidecar_llm_tokens_total", "Tokens the repair LLM reported using", ("kind",)
         )
 
-    def _define_guard_metrics(self, registry: CollectorRegistry) -> None:
+    def _define_guard_metrics(self) -> None:
         """The fleet state store and the circuit breakers."""
-        self.state_errors = Counter(
+        self.state_errors = CounterSeries(
             "sidecar_state_errors_total",
             "Fleet state store calls that failed or timed out; local state was used instead",
-            ["op"],
-            registry=registry,
+            ("op",),
         )
-        self.circuit_state = Gauge(
+        self.circuit_state = GaugeSeries(
             "sidecar_circuit_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open",
-            ["route", "tool"],
-            registry=registry,
+            ("route", "tool"),
         )
-        self.hedges = Counter(
+        self.hedges = CounterSeries(
             "sidecar_hedges_total",
             "Hedged attempts, by which copy answered first: won (the hedge), lost, unanswered",
-            ["route", "result"],
-            registry=registry,
+            ("route", "result"),
         )

@@ -35,7 +35,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sidecar.config import RouteConfig, Settings
+from sidecar.config.served import RouteConfig, ServedSettings
 from sidecar.telemetry import Hooks
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class StateStore:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, hooks: Hooks, clock: Callable[[], float] = time.monotonic
+        cls, settings: ServedSettings, hooks: Hooks, clock: Callable[[], float] = time.monotonic
     ) -> StateStore | None:
         """The store ``SIDECAR_STATE_URL`` names, or ``None`` when it is unset."""
         if settings.state_url is None:
