@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import structlog
 
-from sidecar import __version__
+from sidecar import __version__, build
 from sidecar.config import ConfigError, Settings, load_settings, masked, unknown_variables
 from sidecar.inject import args as inject_args
 from sidecar.serve.server import StartupError, serve
@@ -41,7 +41,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    version = f"%(prog)s {__version__} ({build.describe()})"
+    parser.add_argument("--version", action="version", version=version)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in (
         ("serve", "run the sidecar (the default)"),

@@ -17,6 +17,7 @@ from prometheus_client import (
 )
 
 from sidecar import __version__
+from sidecar.build import is_compiled
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
@@ -49,9 +50,13 @@ class Metrics:
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         self.build_info = Gauge(
-            "sidecar_build_info", "Build of the running sidecar", ["version"], registry=registry
+            "sidecar_build_info",
+            "Build of the running sidecar",
+            ["version", "compiled"],
+            registry=registry,
         )
-        self.build_info.labels(version=__version__).set(1)
+        compiled = "true" if is_compiled() else "false"
+        self.build_info.labels(version=__version__, compiled=compiled).set(1)
         # The order of definition is the order of the exposition.
         self._define_request_metrics(registry)
         self._define_recovery_metrics(registry)

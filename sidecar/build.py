@@ -1,0 +1,69 @@
+"""Which build of the package this is: the hot path compiled with mypyc, or pure Python.
+
+A wheel built where a C compiler works holds an extension module beside each module of
+``COMPILED_MODULES`` (setup.py compiles exactly these); Python's import system prefers the
+extension to the ``.py`` beside it, so the choice is made at import with no setting, and a
+pure install simply has no extensions. ``--version`` and ``sidecar_build_info`` report what
+the import system finds here, never what the build meant to do.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+
+# The modules on a request's path whose compiled form pays (docs/performance.md gives each
+# group's instructions per request). The three with async generators (transport.body,
+# transport.exchange, serve.intake) are not among them: mypyc compiles none, and they run
+# only for streamed bodies.
+COMPILED_MODULES: tuple[str, ...] = (
+    "sidecar.outcomes",
+    "sidecar.credentials",
+    "sidecar.retry.attempt",
+    "sidecar.retry.call",
+    "sidecar.retry.classify",
+    "sidecar.retry.decide",
+    "sidecar.retry.engine",
+    "sidecar.retry.guards.circuit",
+    "sidecar.retry.machine",
+    "sidecar.retry.policy",
+    "sidecar.retry.replay",
+    "sidecar.retry.steps",
+    "sidecar.retry.waits",
+    "sidecar.serve.agentwire",
+    "sidecar.serve.answers",
+    "sidecar.serve.httpserver",
+    "sidecar.serve.proxy",
+    "sidecar.serve.relay",
+    "sidecar.telemetry.logs",
+    "sidecar.tool.envelopes",
+    "sidecar.tool.eventstream",
+    "sidecar.transport.answer",
+    "sidecar.transport.buffers",
+    "sidecar.transport.connection",
+    "sidecar.transport.grammar",
+    "sidecar.transport.headers",
+    "sidecar.transport.pool",
+)
+
+
+def compiled_modules(names: tuple[str, ...] = COMPILED_MODULES) -> tuple[str, ...]:
+    """Those of ``names`` that import from an extension module, as the import system finds
+    them (it loads none of them to say so)."""
+    return tuple(name for name in names if _is_extension(name))
+
+
+def _is_extension(name: str) -> bool:
+    spec = importlib.util.find_spec(name)
+    return spec is not None and isinstance(spec.loader, importlib.machinery.ExtensionFileLoader)
+
+
+def is_compiled() -> bool:
+    """Whether this build runs any compiled module (the build-info metric's label)."""
+    return bool(compiled_modules())
+
+
+def describe() -> str:
+    """``compiled: N modules`` or ``pure Python``, for ``--version``."""
+    compiled = compiled_modules()
+    return f"compiled: {len(compiled)} modules" if compiled else "pure Python"

@@ -1,0 +1,113 @@
+"""The two builds: when a wheel is compiled (a table), what a wheel built without a compiler
+holds, and how the package tells which build it runs."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sidecar.build import COMPILED_MODULES, compiled_modules
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "build_backend"))
+
+import compile_choice  # noqa: E402  (the build backend's, found through the line above)
+from compile_choice import CompileSettingError, will_compile  # noqa: E402
+
+ERROR = CompileSettingError
+
+# SIDECAR_COMPILE, editable, a compiler works -> compiled, pure, or an error.
+DECISIONS = [
+    (None, False, True, True),
+    (None, False, False, False),
+    ("", False, True, True),
+    ("", False, False, False),
+    ("0", False, True, False),
+    ("0", False, False, False),
+    ("1", False, True, True),
+    ("1", False, False, ERROR),
+    # An editable install is pure whatever is asked: its extensions would shadow edits.
+    (None, True, True, False),
+    ("1", True, True, False),
+    ("1", True, False, False),
+    ("0", True, True, False),
+    # Anything but 0 or 1 is refused rather than read as either.
+    ("yes", False, True, ERROR),
+    ("true", True, True, ERROR),
+    (" 1", False, True, ERROR),
+]
+
+
+@pytest.mark.parametrize(("setting", "editable", "compiler", "expected"), DECISIONS)
+def test_when_a_build_compiles(
+    setting: str | None, editable: bool, compiler: bool, expected: bool | type[Exception]
+) -> None:
+    if expected is ERROR:
+        with pytest.raises(CompileSettingError, match="SIDECAR_COMPILE"):
+            will_compile(setting, editable, compiler)
+    else:
+        assert will_compile(setting, editable, compiler) is expected
+
+
+def test_the_wheel_asks_for_the_mypy_the_dev_extra_type_checks_with() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert compile_choice.MYPY_REQUIREMENT in project["optional-dependencies"]["test"]
+
+
+def test_every_compiled_module_is_a_module_of_the_package() -> None:
+    for name in COMPILED_MODULES:
+        assert (ROOT / Path(*name.split("."))).with_suffix(".py").is_file(), name
+
+
+def test_an_extension_beside_a_module_is_what_counts_as_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    package = tmp_path / "builtpkg"
+    package.mkdir()
+    for module in ("__init__.py", "plain.py", "fast.py"):
+        (package / module).write_text("")
+    # Never loaded: the import system picks its loader from the file name alone.
+    (package / f"fast{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    assert compiled_modules(("builtpkg.plain", "builtpkg.fast")) == ("builtpkg.fast",)
+    assert compiled_modules(("builtpkg.plain",)) == ()
+
+
+def _wheel(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    """``pip wheel`` of this tree, in the isolated build environment pip gives a user."""
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps",
+         "--wheel-dir", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**{k: v for k, v in os.environ.items() if k != "SIDECAR_COMPILE"}, **env},
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_without_a_compiler_the_wheel_is_pure_python(tmp_path: Path) -> None:
+    built = _wheel(tmp_path, CC="/nonexistent/cc")
+    assert built.returncode == 0, built.stderr
+
+    (wheel,) = tmp_path.glob("*.whl")
+    assert wheel.name.endswith("-py3-none-any.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "sidecar/retry/engine.py" in names
+    assert not [name for name in names if name.endswith((".so", ".pyd"))]
+
+
+@pytest.mark.slow
+def test_sidecar_compile_1_without_a_compiler_fails_the_build(tmp_path: Path) -> None:
+    built = _wheel(tmp_path, CC="/nonexistent/cc", SIDECAR_COMPILE="1")
+    assert built.returncode != 0
+    assert "SIDECAR_COMPILE=1 asks for the compiled build" in built.stdout + built.stderr
+    assert not list(tmp_path.glob("*.whl"))
