@@ -3,10 +3,14 @@ everything else about the package is in pyproject.toml."""
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
+import shutil
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from setuptools import setup
 
@@ -23,9 +27,19 @@ def hot_path_sources() -> list[str]:
     return [str(Path(*name.split("."))) + ".py" for name in names]
 
 
-if os.environ.get(COMPILE_FLAG) == "1":
-    from mypyc.build import mypycify
+def wheel_options(compiled: bool) -> dict[str, Any]:
+    """A wheel is built in a scratch directory of its own: setuptools packs whatever its
+    build directory holds, so the extensions of an earlier compiled build left in ./build
+    would land in a pure wheel."""
+    scratch = tempfile.mkdtemp(prefix="sidecar-build-")
+    atexit.register(shutil.rmtree, scratch, True)
+    options: dict[str, Any] = {"options": {"build": {"build_base": scratch}}}
+    if compiled:
+        from mypyc.build import mypycify
 
-    setup(ext_modules=mypycify(hot_path_sources()))
-else:
-    setup()
+        options["ext_modules"] = mypycify(hot_path_sources(), target_dir=scratch)
+    return options
+
+
+flag = os.environ.get(COMPILE_FLAG)
+setup(**({} if flag is None else wheel_options(compiled=flag == "1")))

@@ -13,9 +13,10 @@ import importlib.machinery
 import importlib.util
 
 # The modules on a request's path whose compiled form pays (docs/performance.md gives each
-# group's instructions per request). The three with async generators (transport.body,
-# transport.exchange, serve.intake) are not among them: mypyc compiles none, and they run
-# only for streamed bodies.
+# group's instructions per request). Not among them: the three with async generators
+# (transport.body, transport.exchange, serve.intake), which mypyc cannot compile and which
+# run only for streamed bodies; and the telemetry events and sinks, whose handlers
+# telemetry.contract checks by their annotations, which compiled functions do not carry.
 COMPILED_MODULES: tuple[str, ...] = (
     "sidecar.outcomes",
     "sidecar.credentials",
@@ -35,7 +36,6 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sidecar.serve.httpserver",
     "sidecar.serve.proxy",
     "sidecar.serve.relay",
-    "sidecar.telemetry.logs",
     "sidecar.tool.envelopes",
     "sidecar.tool.eventstream",
     "sidecar.transport.answer",

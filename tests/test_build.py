@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -81,11 +82,25 @@ def test_an_extension_beside_a_module_is_what_counts_as_compiled(
     assert compiled_modules(("builtpkg.plain",)) == ()
 
 
+# What a build reads: the files the image's build stage copies too.
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "build_backend", "sidecar")
+
+
 def _wheel(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    """``pip wheel`` of this tree, in the isolated build environment pip gives a user."""
+    """``pip wheel`` of a copy of this tree (in ``tmp_path / "src"``, so that nothing is
+    written here), in the isolated build environment pip gives a user; the wheel goes to
+    ``tmp_path``."""
+    source = tmp_path / "src"
+    source.mkdir(exist_ok=True)
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            ignore = shutil.ignore_patterns("__pycache__", "*.so")
+            shutil.copytree(ROOT / name, source / name, ignore=ignore, dirs_exist_ok=True)
+        else:
+            shutil.copy(ROOT / name, source / name)
     return subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps",
-         "--wheel-dir", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--wheel-dir", str(tmp_path),
+         str(source)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -93,16 +108,30 @@ def _wheel(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-@pytest.mark.slow
-def test_without_a_compiler_the_wheel_is_pure_python(tmp_path: Path) -> None:
-    built = _wheel(tmp_path, CC="/nonexistent/cc")
-    assert built.returncode == 0, built.stderr
-
+def _extensions(tmp_path: Path) -> list[str]:
     (wheel,) = tmp_path.glob("*.whl")
     assert wheel.name.endswith("-py3-none-any.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "sidecar/retry/engine.py" in names
-    assert not [name for name in names if name.endswith((".so", ".pyd"))]
+    return [name for name in names if name.endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))]
+
+
+@pytest.mark.slow
+def test_without_a_compiler_the_wheel_is_pure_python(tmp_path: Path) -> None:
+    built = _wheel(tmp_path, CC="/nonexistent/cc")
+    assert built.returncode == 0, built.stderr
+    assert _extensions(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_pure_wheel_holds_no_extension_an_earlier_build_left_behind(tmp_path: Path) -> None:
+    # setuptools packs whatever its build directory holds.
+    left = tmp_path / "src/build/lib/sidecar/retry"
+    left.mkdir(parents=True)
+    (left / f"engine{importlib.machinery.EXTENSION_SUFFIXES[0]}").write_bytes(b"")
+    built = _wheel(tmp_path, SIDECAR_COMPILE="0")
+    assert built.returncode == 0, built.stderr
+    assert _extensions(tmp_path) == []
 
 
 @pytest.mark.slow
