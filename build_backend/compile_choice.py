@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sysconfig
 import tempfile
+import tomllib
 from pathlib import Path
 
 # Imported before any ``distutils``: it puts its own distutils in place, on every Python.
@@ -20,9 +21,6 @@ SETTING = "SIDECAR_COMPILE"
 # hook runs setup.py without it, pure: asking for requirements runs setup.py before mypy
 # is installed, and an editable build is always pure.
 COMPILE_FLAG = "_SIDECAR_MYPYC"
-# The dev extra's range (pyproject.toml), so that the wheel's compiler is the mypy the
-# package is type-checked with; tests/test_build.py holds the two equal.
-MYPY_REQUIREMENT = "mypy>=1.13,<3"
 # A module that needs Python.h: a compiler without the interpreter's headers cannot build
 # an extension, so it counts as none.
 _PROBE_SOURCE = "#include <Python.h>\nint sidecar_probe(void) { return Py_IsInitialized(); }\n"
@@ -47,6 +45,21 @@ def will_compile(setting: str | None, editable: bool, compiler_works: bool) -> b
             "Python's headers was found (install gcc, or set CC)"
         )
     return compiler_works
+
+
+def compile_requirements(pyproject: Path) -> list[str]:
+    """What a compiled build installs: the mypy and the stub packages the package is type-
+    checked with (the ``test`` extra's), and the package's own dependencies, whose types
+    mypyc reads. Without them the build would check against a different picture of the
+    code than CI, or fail where they are not installed yet (pip builds a wheel before it
+    installs the wheel's dependencies)."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    checker = [
+        requirement
+        for requirement in project["optional-dependencies"]["test"]
+        if requirement.startswith(("mypy>", "mypy=", "types-"))
+    ]
+    return [*checker, *project["dependencies"]]
 
 
 def c_compiler_works() -> bool:

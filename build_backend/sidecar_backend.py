@@ -1,14 +1,15 @@
 """The package's build backend: setuptools', with the hot path compiled by mypyc where a C
 compiler works (``compile_choice`` says when).
 
-mypy is asked for only when the wheel will be compiled, so a machine without a compiler
-installs nothing it cannot use. An editable install is always pure Python: setuptools'
-own editable hooks run setup.py without ``COMPILE_FLAG``.
+mypy (and what it reads) is asked for only when the wheel will be compiled, so a machine
+without a compiler installs nothing it cannot use. An editable install is always pure
+Python: setuptools' own editable hooks run setup.py without ``COMPILE_FLAG``.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import compile_choice
 from setuptools import build_meta as _setuptools
@@ -38,7 +39,7 @@ ConfigSettings = dict[str, str | list[str]] | None
 def get_requires_for_build_wheel(config_settings: ConfigSettings = None) -> list[str]:
     requires: list[str] = _setuptools.get_requires_for_build_wheel(config_settings)
     if compile_choice.compile_this_build(editable=False):
-        requires.append(compile_choice.MYPY_REQUIREMENT)
+        requires += compile_choice.compile_requirements(Path("pyproject.toml"))
     return requires
 
 

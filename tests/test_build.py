@@ -57,9 +57,14 @@ def test_when_a_build_compiles(
         assert will_compile(setting, editable, compiler) is expected
 
 
-def test_the_wheel_asks_for_the_mypy_the_dev_extra_type_checks_with() -> None:
+def test_a_compiled_build_asks_for_the_type_checker_and_what_it_reads() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert compile_choice.MYPY_REQUIREMENT in project["optional-dependencies"]["test"]
+    requirements = compile_choice.compile_requirements(ROOT / "pyproject.toml")
+
+    mypy = [r for r in requirements if r.startswith("mypy")]
+    assert len(mypy) == 1 and mypy[0] in project["optional-dependencies"]["test"]
+    assert {"types-PyYAML", "types-jsonschema"} <= set(requirements)
+    assert set(project["dependencies"]) <= set(requirements)
 
 
 def test_every_compiled_module_is_a_module_of_the_package() -> None:
