@@ -1,12 +1,22 @@
 # syntax=docker/dockerfile:1
 # Build a wheel in one stage; install only the wheel and its dependencies in the final one.
 FROM python:3.11-slim AS build
+# A C compiler for the compiled hot path (mypyc), and the C library's headers, which gcc
+# only recommends; the final stage has neither. The image's Python ships its own headers.
+# Unpinned: the base image's Debian release fixes gcc's version, and a pin breaks at its
+# next point release.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
+COPY build_backend ./build_backend
 COPY sidecar ./sidecar
 # With the [otel] extra: tracing is switched on by OTEL_* variables alone, no other image;
-# the SDK is loaded only then.
-RUN pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
+# the SDK is loaded only then. SIDECAR_COMPILE=1: a broken compiler fails the build rather
+# than ship a pure-Python image unseen.
+RUN SIDECAR_COMPILE=1 pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
 
 FROM python:3.11-slim
 # The sidecar listens on 127.0.0.1 unless told otherwise, and a container's loopback cannot

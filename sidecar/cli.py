@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import structlog
 
-from sidecar import __version__
+from sidecar import __version__, build
 from sidecar.config import ConfigError, Settings, load_settings, masked, unknown_variables
 from sidecar.inject import args as inject_args
 from sidecar.serve.handoff import EXIT_CANNOT_START, hand_off, run_loop, serve_until_stopped
@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    version = f"%(prog)s {__version__} ({build.describe()})"
+    parser.add_argument("--version", action="version", version=version)
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, help_text in (
         ("serve", "run the sidecar (the default)"),

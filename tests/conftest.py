@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import importlib
+import importlib.machinery
 import inspect
 import os
 import time
@@ -22,6 +24,7 @@ from hypothesis import settings as hypothesis_settings
 from prometheus_client import CollectorRegistry
 from yarl import URL
 
+from sidecar.build import COMPILED_MODULES
 from sidecar.config import load_settings
 from sidecar.serve.app import create_app, proxy_server, running
 
@@ -38,6 +41,39 @@ _NO_TIMING = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
 hypothesis_settings.register_profile("dev", **_NO_TIMING)
 hypothesis_settings.register_profile("ci", derandomize=True, database=None, **_NO_TIMING)
 hypothesis_settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+# The build of the package the suite runs on: "pure" (the README's editable install, which
+# is always pure) or "compiled" (.ci/run's run on the wheel's extension modules). The
+# session stops before any test when the package imported is not that build, so a
+# compiled run that fell back to pure Python cannot pass unseen.
+BUILD_UNDER_TEST = os.environ.get("PYTEST_SIDECAR_BUILD", "pure")
+
+
+def imported_extension_modules() -> tuple[str, ...]:
+    """The hot path's modules that Python imported from an extension module, read from
+    each imported module's file (not from ``sidecar.build``, whose answer this checks)."""
+    return tuple(
+        name
+        for name in COMPILED_MODULES
+        if str(importlib.import_module(name).__file__).endswith(
+            tuple(importlib.machinery.EXTENSION_SUFFIXES)
+        )
+    )
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    expected = {"pure": (), "compiled": COMPILED_MODULES}.get(BUILD_UNDER_TEST)
+    if expected is None:
+        pytest.exit(f"PYTEST_SIDECAR_BUILD is 'pure' or 'compiled', not {BUILD_UNDER_TEST!r}", 4)
+    found = imported_extension_modules()
+    if found != expected:
+        pytest.exit(
+            f"the suite runs on the {BUILD_UNDER_TEST} build (PYTEST_SIDECAR_BUILD), but "
+            f"{len(found)} of the {len(COMPILED_MODULES)} hot-path modules imported compiled: "
+            f"{', '.join(found) or 'none'}",
+            4,
+        )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

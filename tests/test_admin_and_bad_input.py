@@ -8,8 +8,10 @@ import logging
 import pytest
 from aiohttp import web
 
+from sidecar import __version__
 from sidecar.serve.admin_host import admin_host_allowed
 from sidecar.serve.app import create_admin_app
+from tests.conftest import BUILD_UNDER_TEST
 from tests.rawhttp import raw_exchange
 
 
@@ -74,7 +76,8 @@ async def test_metrics_and_health_endpoints(make_tool, make_sidecar, aiohttp_cli
     ready = await admin.get("/readyz")
 
     assert metrics.headers["Content-Type"].startswith("text/plain; version=")
-    assert 'sidecar_build_info{version="' in text
+    compiled = "true" if BUILD_UNDER_TEST == "compiled" else "false"
+    assert f'sidecar_build_info{{compiled="{compiled}",version="{__version__}"}} 1.0' in text
     assert 'sidecar_requests_total{method="GET",outcome="ok",route="default"} 1.0' in text
     assert 'sidecar_upstream_attempts_total{route="default",status="200"} 1.0' in text
     assert 'sidecar_in_flight_requests{route="default"} 0.0' in text

@@ -170,16 +170,15 @@ async def test_an_agent_body_with_a_bad_chunk_line_never_reaches_the_handler(lin
     assert b" 400 " in written.partition(b"\r\n")[0]
 
 
-def test_the_framing_head_of_an_upgrade_body():
-    class Agent:
-        def pause_reading(self) -> None: ...
-        def resume_reading(self) -> None: ...
+async def test_the_framing_head_of_an_upgrade_body():
+    # A real connection: the compiled build checks the type of what a request is given.
+    agent = AgentConnection(Server())  # type: ignore[arg-type]  # the attributes it reads
 
     def request(method: str, *headers: tuple[bytes, bytes]) -> AgentRequest:
         from aiohttp import HttpVersion11
 
         return AgentRequest(
-            Agent(), method, "/", HttpVersion11, list(headers), keep_alive=True, remote=None
+            agent, method, "/", HttpVersion11, list(headers), keep_alive=True, remote=None
         )
 
     upgrade = (b"Upgrade", b"h2c")

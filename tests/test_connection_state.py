@@ -121,16 +121,16 @@ class ScriptedStream:
         pass
 
 
-class ScriptedPool(Pool):
+class ScriptedPool:
     """The real pool, opening scripted streams instead of sockets."""
 
     def __init__(self, pieces: list[bytes]) -> None:
-        super().__init__(limit=1, max_head_bytes=64 * 1024)
         self.pieces = pieces
         self.streams: list[ScriptedStream] = []
+        self.pool = Pool(limit=1, max_head_bytes=64 * 1024, opener=self._open)
 
-    async def _open(self, key: PoolKey) -> Connection:
-        connection = Connection(key, 64 * 1024, self.forget)
+    async def _open(self, pool: Pool, key: PoolKey) -> Connection:
+        connection = Connection(key, pool.max_head_bytes, pool.forget)
         stream = ScriptedStream(connection, self.pieces)
         self.streams.append(stream)
         connection.connection_made(stream)  # type: ignore[arg-type]  # a stream of our own
@@ -206,21 +206,21 @@ REUSE = [
 async def test_the_pool_reuses_a_connection_only_when_its_state_is_idle(
     pieces, method, body, opened
 ):
-    pool = ScriptedPool(pieces)
+    scripted = ScriptedPool(pieces)
     for _ in range(2):
-        await ask(pool, method, held_back() if body is None else body)
-    assert len(pool.streams) == opened
-    await pool.close()
+        await ask(scripted.pool, method, held_back() if body is None else body)
+    assert len(scripted.streams) == opened
+    await scripted.pool.close()
 
 
 async def test_bytes_while_idle_close_the_connection_before_it_is_offered_again():
-    pool = ScriptedPool([OK])
-    assert await ask(pool) == b"{}"
-    (stream,) = pool.streams
+    scripted = ScriptedPool([OK])
+    assert await ask(scripted.pool) == b"{}"
+    (stream,) = scripted.streams
     stream.connection.data_received(b"HTTP/1.1 200 OK\r\n")  # unasked for
     assert stream.connection.state is CLOSED
-    assert await ask(pool) == b"{}"
-    assert len(pool.streams) == 2
+    assert await ask(scripted.pool) == b"{}"
+    assert len(scripted.streams) == 2
 
 
 async def test_the_states_one_request_goes_through():

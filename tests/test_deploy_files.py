@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +127,28 @@ def test_the_chart_selects_scrapes_and_mounts_what_inject_adds():
     assert f"  {CONFIG_KEY}: |" in (templates / "configmap.yaml").read_text()
     for monitor in ("podmonitor.yaml", "servicemonitor.yaml"):
         assert f"- port: {ADMIN_PORT_NAME}" in (templates / monitor).read_text()
+
+
+def test_the_image_builds_the_compiled_wheel_from_everything_the_build_reads():
+    # No Docker engine runs in CI: what the build stage copies, and what the context lets
+    # through, are checked here against what the build backend reads.
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    build_stage, final_stage = dockerfile.split("\nFROM ", 2)[1:]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    needed = {"pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "sidecar"}
+    needed |= set(pyproject["build-system"]["backend-path"])
+    copied = {
+        source.rstrip("/")
+        for line in build_stage.splitlines()
+        if line.startswith("COPY ")
+        for source in line.split()[1:-1]
+    }
+    assert needed <= copied, needed - copied
+    allowed = {
+        line.removeprefix("!").rstrip("/")
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    assert needed <= allowed, needed - allowed
+    assert "SIDECAR_COMPILE=1 pip wheel" in build_stage
+    assert "gcc" in build_stage and "gcc" not in final_stage

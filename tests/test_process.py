@@ -14,14 +14,16 @@ import pytest
 from aiohttp import web
 
 from sidecar import __version__
-from tests.conftest import eventually, unused_port
+from sidecar.build import COMPILED_MODULES
+from tests.conftest import BUILD_UNDER_TEST, eventually, unused_port
 from tests.processes import RunningSidecar, run_cli, sidecar_process
 
 
-def test_version_from_the_console_script_and_python_m():
+def test_version_from_the_console_script_and_python_m_names_the_build():
+    build = {"pure": "pure Python", "compiled": f"compiled: {len(COMPILED_MODULES)} modules"}
     result = run_cli("--version")
     assert result.returncode == 0
-    assert result.stdout.strip() == f"tool-retry-sidecar {__version__}"
+    assert result.stdout.strip() == f"tool-retry-sidecar {__version__} ({build[BUILD_UNDER_TEST]})"
 
     module = subprocess.run(
         [sys.executable, "-m", "sidecar", "--version"], capture_output=True, text=True, timeout=30

@@ -69,7 +69,6 @@ class RetryMachine(Generic[A]):
 
     # Made on every request: slots keep its state off a dict.
     __slots__ = (
-        "__weakref__",
         "_answer",
         "_answered_layers",
         "_attempts",

@@ -67,6 +67,7 @@ async def _relay_events(request: AgentRequest, answer: Answer, ending: asyncio.E
     boundary.feed(answer.body)
     chunks = answer.rest()
     ended = asyncio.ensure_future(ending.wait())
+    arriving: asyncio.Future[bytes] | None = None
     try:
         while True:
             arriving = asyncio.ensure_future(anext(chunks, b""))
@@ -86,3 +87,7 @@ async def _relay_events(request: AgentRequest, answer: Answer, ending: asyncio.E
             await request.write_body(chunk)
     finally:
         ended.cancel()
+        # Cancelled while waiting (the agent left): the read in flight goes too, or the
+        # tool's broken stream it ends in is an error nobody retrieves.
+        if arriving is not None and not arriving.done():
+            arriving.cancel()

@@ -13,6 +13,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from sidecar import __version__
+from sidecar.build import is_compiled
 from sidecar.telemetry.metric_series import CounterSeries, GaugeSeries, HistogramSeries
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -45,9 +46,9 @@ class Metrics(Collector):
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
         self.build_info = GaugeSeries(
-            "sidecar_build_info", "Build of the running sidecar", ("version",)
+            "sidecar_build_info", "Build of the running sidecar", ("version", "compiled")
         )
-        self.build_info.set((__version__,), 1)
+        self.build_info.set((__version__, "true" if is_compiled() else "false"), 1)
         self._define_request_metrics()
         self._define_recovery_metrics()
         self._define_llm_metrics()

@@ -300,7 +300,11 @@ def _parse_head(buffer: bytes, fields_end: int, head_only: bool, checked: int) -
     except UnicodeDecodeError:
         raise MalformedAnswer("reason phrase is not valid UTF-8") from None
     headers: CIMultiDict[str] = CIMultiDict()
-    block = buffer[status_line.end() : fields_end - 2]
+    # An answer without fields ends its status line where its fields would end: the block
+    # is empty. The bound keeps the slice's end from falling before its start, which the
+    # compiled build's bytes slice turns into an error instead of an empty slice.
+    fields_from = status_line.end()
+    block = buffer[fields_from : max(fields_from, fields_end - 2)]
     try:
         text = block.decode("utf-8")
     except UnicodeDecodeError:

@@ -18,6 +18,7 @@ import asyncio
 import ssl
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable
 
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
@@ -33,6 +34,10 @@ from sidecar.transport.connection import (
     Stage,
 )
 
+# Opens a connection to a tool: the pool's own dials a socket; a test's hands the
+# connection a transport of its own. Given the pool, whose ``forget`` a connection calls.
+Opener = Callable[["Pool", PoolKey], Awaitable[Connection]]
+
 
 class Pool:
     """Connections to the tools, at most ``limit`` in use at once (0: no limit).
@@ -40,9 +45,10 @@ class Pool:
     ``max_head_bytes`` bounds an answer's head (status line and header fields).
     """
 
-    def __init__(self, limit: int, max_head_bytes: int) -> None:
+    def __init__(self, limit: int, max_head_bytes: int, opener: Opener | None = None) -> None:
+        self._opener: Opener = opener or Pool._open
         self._limit = limit
-        self._max_head_bytes = max_head_bytes
+        self.max_head_bytes = max_head_bytes
         self._in_use = 0
         self._idle: dict[PoolKey, list[Connection]] = {}
         self._waiters: deque[asyncio.Future[None]] = deque()
@@ -131,13 +137,14 @@ class Pool:
         self._in_use += 1
         progress.stage = Stage.CONNECTING
         try:
-            return await self._open(key)
+            return await self._opener(self, key)
         except BaseException:
             self._in_use -= 1
             self._wake_one()
             raise
 
     async def _open(self, key: PoolKey) -> Connection:
+        """A socket to the tool (TLS for https)."""
         tls, host, port = key
         loop = asyncio.get_running_loop()
         if tls and self._tls is None:
@@ -145,7 +152,7 @@ class Pool:
             # loop once, and holds memory a sidecar in front of plain-http tools never needs.
             self._tls = _verifying_context()
         _, connection = await loop.create_connection(
-            lambda: Connection(key, self._max_head_bytes, self.forget),
+            lambda: Connection(key, self.max_head_bytes, self.forget),
             host.strip("[]"),
             port,
             ssl=self._tls if tls else None,
