@@ -12,6 +12,10 @@ from __future__ import annotations
 import importlib.machinery
 import importlib.util
 
+# The variable the build reads (build_backend/compile_choice.py): exported in a shell that
+# also serves, it is no mistyped setting.
+BUILD_SETTING = "SIDECAR_COMPILE"
+
 # The modules on a request's path whose compiled form pays: the transport, the agent-facing
 # server and the retry package took 90k, 59k and 71k instructions off a request's 916k,
 # the four of tool/, outcomes and credentials none (docs/performance.md). Not compiled

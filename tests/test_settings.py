@@ -344,6 +344,7 @@ def test_unknown_variables_name_the_setting_they_most_likely_meant():
         "SIDECAR_PORT": "1",
         "SIDECAR_QQQ": "1",
         "OTHER_MAX_RETRYS": "1",
+        "SIDECAR_COMPILE": "1",  # the build's, not a setting
     }
 
     assert [(unknown.name, unknown.suggestion) for unknown in unknown_variables(environ)] == [

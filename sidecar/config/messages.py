@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sidecar.build import BUILD_SETTING
 from sidecar.config.model import ENV_PREFIX, TUNING_FIELDS, RouteSpec, Settings
 from sidecar.config.sources import FOREIGN_VARIABLES
 
@@ -84,6 +85,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[UnknownVariable]:
     unknown = []
     for name in sorted(environ):
         field = name.upper().removeprefix(ENV_PREFIX).lower()
+        if name.upper() == BUILD_SETTING:
+            continue  # read by the build, not by a running sidecar
         if name.upper().startswith(ENV_PREFIX) and field not in Settings.model_fields:
             meant = _closest(field, Settings.model_fields)
             unknown.append(UnknownVariable(name, meant and ENV_PREFIX + meant.upper()))
