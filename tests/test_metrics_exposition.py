@@ -20,9 +20,18 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.serve.app import create_admin_app
 from sidecar.telemetry.metric_series import GaugeSeries, HistogramSeries
+from tests.conftest import BUILD_UNDER_TEST
 from tests.metrics_scenario import EXEMPLAR, scenario_registry
 
-EXPECTED = (Path(__file__).parent / "metrics_exposition.prom").read_text()
+# The build-info line names the build the suite runs on (tests/conftest.py checks which).
+EXPECTED = (
+    (Path(__file__).parent / "metrics_exposition.prom")
+    .read_text()
+    .replace(
+        'compiled="{compiled}"',
+        f'compiled="{"true" if BUILD_UNDER_TEST == "compiled" else "false"}"',
+    )
+)
 
 
 def sidecar_lines(text: str) -> str:
