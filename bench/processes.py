@@ -127,7 +127,7 @@ def cores_kept_awake(cores: list[str]) -> Iterator[None]:
     milliseconds: at c=64 the sidecar then sat idle 60% of a run with 64 requests waiting
     (0.38 of a core busy, 756 req/s, p99 501 ms), and so did the bare aiohttp proxy
     (0.38, 680 req/s). With a 2 ms sleeper on its core the same sidecar ran 1,776 req/s at
-    0.87 of a core, p99 114 ms: the tail was the host's wake-up, not the proxy. The
+    0.87 of a core, p99 114 ms: that wait was the host's wake-up, not the proxy's. The
     sleepers cost next to no CPU and keep every proxy measured at the CPU's speed alike.
     """
     code = f"import time\nwhile True: time.sleep({AWAKE_TICK_S})"
