@@ -29,8 +29,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from processes import SIDECAR_ON_LOOPBACK, Bench, free_port, tree_serve, wait_for_port
-from run import LOAD_CORE, OK_JSON, PROXY_CORE, nginx_config, tree_private_dirty_kib, wrk
+from processes import SIDECAR_ON_LOOPBACK, Bench, free_port, tree_serve
+from run import PROXY_CORE, start_nginx_upstream, tree_private_dirty_kib, wrk
 
 SETTLE_S = 1.0
 MIB = 1024
@@ -103,21 +103,11 @@ def idle(trees: list[Path], rounds: int) -> None:
     with tempfile.TemporaryDirectory(prefix="idle-memory-") as workdir:
         bench = Bench(Path(workdir))
         try:
-            upstream_port = free_port()
-            config = nginx_config(
-                bench.workdir,
-                "upstream",
-                f"""server {{ listen 127.0.0.1:{upstream_port};
-                  location / {{ default_type application/json; return 200 '{OK_JSON}'; }} }}""",
-            )
-            bench.start("upstream", LOAD_CORE, "nginx", "-c", str(config), "-p", workdir)
-            wait_for_port(upstream_port)
+            upstream = start_nginx_upstream(bench)
             figures: dict[Path, list[tuple[int, int]]] = {tree: [] for tree in trees}
             for _ in range(rounds):
                 for tree in trees:
-                    figures[tree].append(
-                        measure_once(bench, tree, f"http://127.0.0.1:{upstream_port}")
-                    )
+                    figures[tree].append(measure_once(bench, tree, upstream))
         finally:
             bench.stop_all()
     print("| tree | started MiB (median) | after 1 s of wrk MiB (median) | rounds |")

@@ -32,7 +32,7 @@ from processes import (
     tree_command,
     wait_for_port,
 )
-from run import HERE, LOAD_CORE, OK_JSON, PROXY_CORE, PYTHON, nginx_config, wrk
+from run import HERE, LOAD_CORE, PROXY_CORE, PYTHON, start_nginx_upstream, wrk
 
 # Python under valgrind starts in tens of seconds.
 START_TIMEOUT_S = 240
@@ -106,16 +106,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="instructions-") as workdir:
         bench = Bench(Path(workdir))
         try:
-            upstream_port = free_port()
-            config = nginx_config(
-                bench.workdir,
-                "upstream",
-                f"""server {{ listen 127.0.0.1:{upstream_port} backlog=4096;
-                  location / {{ default_type application/json; return 200 '{OK_JSON}'; }} }}""",
-            )
-            bench.start("upstream", LOAD_CORE, "nginx", "-c", str(config), "-p", workdir)
-            wait_for_port(upstream_port)
-            upstream = f"http://127.0.0.1:{upstream_port}"
+            upstream = start_nginx_upstream(bench)
             env = _traced_env(bench) if args.traced else {}
             targets: list[tuple[str, tuple[list[str], int]]] = []
             if args.baseline:

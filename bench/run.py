@@ -38,7 +38,14 @@ from pathlib import Path
 
 import envoy
 from compiled_tree import compiled_tree
-from processes import SIDECAR_ON_LOOPBACK, Bench, cores_kept_awake, tree_serve, wait_for_port
+from processes import (
+    SIDECAR_ON_LOOPBACK,
+    Bench,
+    cores_kept_awake,
+    free_port,
+    tree_serve,
+    wait_for_port,
+)
 from report import Report
 
 HERE = Path(__file__).resolve().parent
@@ -149,6 +156,20 @@ def ensure_ports_free() -> None:
         with socket.socket() as sock:
             if sock.connect_ex(("127.0.0.1", port)) == 0:
                 raise RuntimeError(f"127.0.0.1:{port} is in use: stop what listens there first")
+
+
+def start_nginx_upstream(bench: Bench) -> str:
+    """An nginx on a free port of the load core answering ``OK_JSON``: its URL, once up."""
+    port = free_port()
+    config = nginx_config(
+        bench.workdir,
+        "upstream",
+        f"""server {{ listen 127.0.0.1:{port} backlog=4096;
+              location / {{ default_type application/json; return 200 '{OK_JSON}'; }} }}""",
+    )
+    bench.start("upstream", LOAD_CORE, "nginx", "-c", str(config), "-p", str(bench.workdir))
+    wait_for_port(port)
+    return f"http://127.0.0.1:{port}"
 
 
 def start_everything(bench: Bench, compiled: Path) -> None:
