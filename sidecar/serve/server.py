@@ -26,6 +26,7 @@ from sidecar.serve.app import (
     proxy_runner_for,
     running,
 )
+from sidecar.serve.listener import AcceptingSite
 from sidecar.telemetry import Hooks
 
 # Connections the kernel may queue before the sidecar accepts them. An agent fleet that
@@ -44,12 +45,11 @@ class StartupError(Exception):
     """The sidecar could not start serving, stated in one line that is safe to print."""
 
 
-async def _listen(
-    runner: web.BaseRunner, host: str, port: int, role: str, host_variable: str, **site: Any
-) -> None:
-    """Listen on ``host``:``port`` for ``role``, or say in one line why that is impossible."""
+async def _listen(site: web.BaseSite, host: str, port: int, role: str, host_variable: str) -> None:
+    """Start ``site``, listening on ``host``:``port`` for ``role``, or say in one line why
+    that is impossible."""
     try:
-        await web.TCPSite(runner, host, port, **site).start()
+        await site.start()
     except socket.gaierror as exc:
         raise StartupError(
             f"cannot listen on {host} ({host_variable}): not an address of this machine "
@@ -118,19 +118,18 @@ async def _listen_on_both(
 ) -> None:
     """The admin port first, so that a probe finds it as soon as the proxy accepts."""
     await _listen(
-        admin_runner,
+        web.TCPSite(admin_runner, settings.admin_host, settings.admin_port),
         settings.admin_host,
         settings.admin_port,
         "admin port (SIDECAR_ADMIN_PORT)",
         "SIDECAR_ADMIN_HOST",
     )
     await _listen(
-        proxy_runner,
+        AcceptingSite(proxy_runner, settings.host, settings.port, backlog=ACCEPT_BACKLOG),
         settings.host,
         settings.port,
         "proxy port (SIDECAR_PORT)",
         "SIDECAR_HOST",
-        backlog=ACCEPT_BACKLOG,
     )
 
 

@@ -1,0 +1,112 @@
+"""The proxy's listener accepts every waiting connection at one wake-up, on either loop.
+
+libuv, under uvloop, accepts one connection per turn of the loop: agents that connect
+together while the sidecar is busy wait a turn each. These tests count turns, not time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+from collections.abc import Callable
+
+import pytest
+import uvloop
+from aiohttp import web
+
+from sidecar.serve.listener import AcceptingSite
+
+LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "asyncio": asyncio.new_event_loop,
+    "uvloop": uvloop.new_event_loop,
+}
+BURST = 64
+
+
+async def _answer(request: web.BaseRequest) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def _started_site() -> tuple[web.ServerRunner, web.Server, AcceptingSite, int]:
+    server = web.Server(_answer)
+    runner = web.ServerRunner(server)
+    await runner.setup()
+    site = AcceptingSite(runner, "127.0.0.1", 0, backlog=128)
+    await site.start()
+    return runner, server, site, runner.addresses[0][1]
+
+
+async def _burst_accepted_within_turns() -> int:
+    """Turns of the loop, after the first agent's connection was taken on, that the
+    rest of a burst of agents waited."""
+    runner, server, _, port = await _started_site()
+    # Blocking connects: the kernel completes each handshake into the listen queue
+    # before the loop runs again, so all of them wait there together.
+    agents = [socket.create_connection(("127.0.0.1", port)) for _ in range(BURST)]
+    try:
+        for _ in range(100):
+            if server.connections:
+                break
+            await asyncio.sleep(0)
+        turns = 0
+        while len(server.connections) < BURST and turns < 100:
+            await asyncio.sleep(0)
+            turns += 1
+        return turns
+    finally:
+        for agent in agents:
+            agent.close()
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("new_loop", LOOPS.values(), ids=list(LOOPS))
+def test_agents_connecting_together_are_all_taken_on_in_one_turn(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        assert runner.run(_burst_accepted_within_turns()) <= 1
+
+
+async def _answers_then_refuses_once_stopped() -> tuple[bytes, type[OSError] | None]:
+    runner, _, site, port = await _started_site()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = await reader.read()
+        writer.close()
+        await site.stop()
+        refused: type[OSError] | None = None
+        try:
+            await asyncio.open_connection("127.0.0.1", port)
+        except OSError as exc:
+            refused = type(exc)
+        return answer.split(b"\r\n", 1)[0], refused
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("new_loop", LOOPS.values(), ids=list(LOOPS))
+def test_a_site_answers_and_stops_listening_when_stopped(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        status_line, refused = runner.run(_answers_then_refuses_once_stopped())
+    assert status_line == b"HTTP/1.1 200 OK"
+    assert refused is ConnectionRefusedError
+
+
+def test_a_port_in_use_is_refused_with_its_errno() -> None:
+    async def bind_twice() -> None:
+        runner, _, _, port = await _started_site()
+        second = web.ServerRunner(web.Server(_answer))
+        await second.setup()
+        try:
+            await AcceptingSite(second, "127.0.0.1", port, backlog=16).start()
+        finally:
+            await second.cleanup()
+            await runner.cleanup()
+
+    with pytest.raises(OSError) as refused:
+        asyncio.run(bind_twice())
+    assert refused.value.errno == errno.EADDRINUSE
