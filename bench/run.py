@@ -329,6 +329,7 @@ class WrkResult:
     requests_per_s: float
     p50_ms: float
     p99_ms: float
+    max_ms: float
     non_2xx: int
     requests: int
     cpu_s: float = float("nan")  # the proxy's CPU time during the run, when measured
@@ -368,6 +369,7 @@ def wrk(port: int, connections: int, seconds: float, path: str = "/tool") -> Wrk
         match = re.search(rf"^\s+{percent}%\s+([\d.]+)(us|ms|s)\s*$", output, re.MULTILINE)
         return float(match.group(1)) * _UNITS[match.group(2)] if match else float("nan")
 
+    slowest = re.search(r"^\s+Latency\s+\S+\s+\S+\s+([\d.]+)(us|ms|s)", output, re.MULTILINE)
     rate = re.search(r"Requests/sec:\s+([\d.]+)", output)
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
     requests = re.search(r"(\d+) requests in", output)
@@ -375,6 +377,7 @@ def wrk(port: int, connections: int, seconds: float, path: str = "/tool") -> Wrk
         float(rate.group(1)) if rate else 0.0,
         latency("50"),
         latency("99"),
+        float(slowest.group(1)) * _UNITS[slowest.group(2)] if slowest else float("nan"),
         int(non_2xx.group(1)) if non_2xx else 0,
         int(requests.group(1)) if requests else 0,
     )
