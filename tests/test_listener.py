@@ -15,7 +15,7 @@ import pytest
 import uvloop
 from aiohttp import web
 
-from sidecar.serve.listener import AcceptingSite
+from sidecar.serve.listener import AcceptingSite, Listener
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -110,3 +110,33 @@ def test_a_port_in_use_is_refused_with_its_errno() -> None:
     with pytest.raises(OSError) as refused:
         asyncio.run(bind_twice())
     assert refused.value.errno == errno.EADDRINUSE
+
+
+async def _a_protocol_that_cannot_be_made() -> tuple[bytes, list[str]]:
+    loop = asyncio.get_running_loop()
+    reported: list[str] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context["message"]))
+
+    def refuse() -> asyncio.Protocol:
+        raise RuntimeError("no protocol")
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    listening.setblocking(False)
+    listener = Listener(loop, refuse, [listening], batch=16)
+    try:
+        reader, writer = await asyncio.open_connection(*listening.getsockname())
+        ended = await asyncio.wait_for(reader.read(), timeout=5)
+        writer.close()
+        return ended, reported
+    finally:
+        listener.close()
+
+
+@pytest.mark.parametrize("new_loop", LOOPS.values(), ids=list(LOOPS))
+def test_a_connection_that_cannot_be_served_is_closed_and_reported(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        ended, reported = runner.run(_a_protocol_that_cannot_be_made())
+    assert ended == b""
+    assert reported == ["Error on transport creation for incoming connection"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import socket
 from collections.abc import Callable
 
@@ -98,7 +99,20 @@ class Listener:
             )
             # Held until done: the loop keeps only a weak reference to a task.
             self._handing_over.add(handover)
-            handover.add_done_callback(self._handing_over.discard)
+            handover.add_done_callback(functools.partial(self._handed_over, connection))
+
+    def _handed_over(self, connection: socket.socket, handover: asyncio.Task[object]) -> None:
+        self._handing_over.discard(handover)
+        if handover.cancelled() or handover.exception() is None:
+            return
+        # Said and closed, as asyncio's own servers do with a transport they cannot make.
+        connection.close()
+        self._loop.call_exception_handler(
+            {
+                "message": "Error on transport creation for incoming connection",
+                "exception": handover.exception(),
+            }
+        )
 
     def _resume(self, listening: socket.socket) -> None:
         if listening in self._sockets:
