@@ -21,52 +21,9 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from processes import SIDECAR_ON_LOOPBACK, Bench, cores_kept_awake, free_port, wait_for_port
+from processes import Bench, cores_kept_awake
 from report import Report
-from run import (
-    ENVOY_POLICY,
-    HERE,
-    LOAD_CORE,
-    PROXY_CORE,
-    PYTHON,
-    ensure_tools,
-    sidecar_command,
-    start_envoy,
-    start_nginx_upstream,
-    wrk,
-)
-
-
-def start_lanes(bench: Bench, upstream: str, before: Path | None) -> dict[str, int]:
-    """Each proxy in front of ``upstream``: its port, by lane."""
-    ports = {"envoy": free_port(), "bare aiohttp": free_port(), "sidecar": free_port()}
-    upstream_port = int(upstream.rsplit(":", 1)[1])
-    start_envoy(bench, "envoy", ports["envoy"], free_port(), upstream_port, ENVOY_POLICY)
-    bench.start(
-        "bare aiohttp",
-        PROXY_CORE,
-        PYTHON,
-        str(HERE / "baseline_proxy.py"),
-        str(ports["bare aiohttp"]),
-        upstream,
-    )
-    bench.start(
-        "sidecar",
-        PROXY_CORE,
-        *sidecar_command(upstream, ports["sidecar"], free_port()),
-        env=SIDECAR_ON_LOOPBACK,
-    )
-    if before is not None:
-        ports["sidecar before"] = free_port()
-        bench.start(
-            "sidecar before",
-            PROXY_CORE,
-            *sidecar_command(upstream, ports["sidecar before"], free_port(), before),
-            env=SIDECAR_ON_LOOPBACK,
-        )
-    for port in ports.values():
-        wait_for_port(port)
-    return ports
+from run import LOAD_CORE, PROXY_CORE, ensure_tools, start_nginx_upstream, start_proxy_lanes, wrk
 
 
 def main() -> int:
@@ -84,7 +41,8 @@ def main() -> int:
         bench = Bench(Path(workdir))
         try:
             upstream = start_nginx_upstream(bench)
-            ports = start_lanes(bench, upstream, args.before and args.before.resolve())
+            trees = {"sidecar before": args.before.resolve()} if args.before else {}
+            ports = start_proxy_lanes(bench, upstream, trees)
             say(
                 f"{args.rounds} rounds of `wrk -c64 -d{args.seconds:g}s` back to back per lane "
                 "(p50 / p99 / max ms, req/s):"

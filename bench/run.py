@@ -172,6 +172,35 @@ def start_nginx_upstream(bench: Bench) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+def start_proxy_lanes(bench: Bench, upstream: str, trees: dict[str, Path]) -> dict[str, int]:
+    """Envoy, the bare aiohttp proxy, this tree's sidecar and one more per ``trees`` entry,
+    each on the proxies' core in front of ``upstream``: each lane's port, once it listens."""
+    ports = {"envoy": free_port(), "bare aiohttp": free_port()}
+    start_envoy(
+        bench, "envoy", ports["envoy"], free_port(), int(upstream.rsplit(":", 1)[1]), ENVOY_POLICY
+    )
+    bench.start(
+        "bare aiohttp",
+        PROXY_CORE,
+        PYTHON,
+        str(HERE / "baseline_proxy.py"),
+        str(ports["bare aiohttp"]),
+        upstream,
+    )
+    lanes: dict[str, Path | None] = {"sidecar": None, **trees}
+    for lane, tree in lanes.items():
+        ports[lane] = free_port()
+        bench.start(
+            lane,
+            PROXY_CORE,
+            *sidecar_command(upstream, ports[lane], free_port(), tree),
+            env=SIDECAR_ON_LOOPBACK,
+        )
+    for port in ports.values():
+        wait_for_port(port)
+    return ports
+
+
 def start_everything(bench: Bench, compiled: Path) -> None:
     ensure_ports_free()
     workdir = bench.workdir
