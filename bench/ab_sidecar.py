@@ -3,7 +3,9 @@
 For a change to the hot path: ``--before`` is another checkout of the project (e.g.
 ``git archive main | tar -x -C /tmp/before``), the "after" is this one. Each proxy is
 pinned to core 0, wrk and the nginx upstream to core 1, as in ``run.py``; ports are
-whatever is free, so a run does not collide with another benchmark.
+whatever is free, so a run does not collide with another benchmark. ``--tool-delay-ms``
+puts a tool that answers that much later (``upstream.py``) in nginx's place, for requests
+held in flight (``--connections 1000``).
 
     python bench/ab_sidecar.py --before /tmp/before --rounds 3 --seconds 5
 """
@@ -20,12 +22,11 @@ from processes import SIDECAR_ON_LOOPBACK, Bench, free_port, tree_command, wait_
 from run import (
     HERE,
     LOAD_CORE,
-    OK_JSON,
     PROXY_CORE,
     PYTHON,
     WrkResult,
-    nginx_config,
     proxy_pid,
+    start_nginx_upstream,
     tree_private_dirty_kib,
     wrk,
     wrk_with_cpu,
@@ -34,16 +35,16 @@ from run import (
 TARGETS = ("baseline", "before", "after")
 
 
-def start(bench: Bench, before: Path) -> dict[str, int]:
-    ports = {name: free_port() for name in ("upstream", *TARGETS)}
-    upstream = nginx_config(
-        bench.workdir,
-        "upstream",
-        f"""server {{ listen 127.0.0.1:{ports["upstream"]} backlog=4096;
-              location / {{ default_type application/json; return 200 '{OK_JSON}'; }} }}""",
-    )
-    bench.start("upstream", LOAD_CORE, "nginx", "-c", str(upstream), "-p", str(bench.workdir))
-    upstream_url = f"http://127.0.0.1:{ports['upstream']}"
+def start(bench: Bench, before: Path, tool_delay_ms: int) -> dict[str, int]:
+    ports = {name: free_port() for name in TARGETS}
+    if tool_delay_ms:
+        port = free_port()
+        slow_tool = [str(HERE / "upstream.py"), str(port), "--delay-ms", str(tool_delay_ms)]
+        bench.start("upstream", LOAD_CORE, PYTHON, *slow_tool)
+        wait_for_port(port)
+        upstream_url = f"http://127.0.0.1:{port}"
+    else:
+        upstream_url = start_nginx_upstream(bench)
     bench.start(
         "baseline",
         PROXY_CORE,
@@ -66,11 +67,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=5)
     parser.add_argument("--connections", type=int, default=64)
+    parser.add_argument(
+        "--tool-delay-ms",
+        type=int,
+        default=0,
+        help="a tool that answers after this long (bench/upstream.py) instead of nginx",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ab-sidecar-") as workdir:
         bench = Bench(Path(workdir))
         try:
-            ports = start(bench, args.before.resolve())
+            ports = start(bench, args.before.resolve(), args.tool_delay_ms)
             pids = {target: proxy_pid(bench, target) for target in TARGETS}
             idle_kib = {target: tree_private_dirty_kib(pids[target]) for target in TARGETS}
             for target in TARGETS:  # warm up: pools filled, code paths hot
@@ -86,7 +93,7 @@ def main() -> int:
                     print(
                         f"round {number + 1} {target:8} {result.requests_per_s:8.0f} req/s "
                         f"{result.cpu_s_per_10k:5.2f} CPU-s/10k p50 {result.p50_ms:6.2f} ms "
-                        f"non-2xx {result.non_2xx} others on core 0 "
+                        f"non-2xx {result.non_2xx} timed out {result.timeouts} others on core 0 "
                         f"{result.others_on_core_pct:4.1f}%",
                         flush=True,
                     )

@@ -361,6 +361,8 @@ class WrkResult:
     max_ms: float
     non_2xx: int
     requests: int
+    # Requests wrk gave up on after its 2 s timeout: left out of its latencies.
+    timeouts: int
     cpu_s: float = float("nan")  # the proxy's CPU time during the run, when measured
     # The proxies' core's busy time not charged to the proxy, as a share of the run: other
     # people's work on a shared machine (and kernel work done there for anyone).
@@ -402,6 +404,7 @@ def wrk(port: int, connections: int, seconds: float, path: str = "/tool") -> Wrk
     rate = re.search(r"Requests/sec:\s+([\d.]+)", output)
     non_2xx = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", output)
     requests = re.search(r"(\d+) requests in", output)
+    timeouts = re.search(r"Socket errors:.* timeout (\d+)", output)
     return WrkResult(
         float(rate.group(1)) if rate else 0.0,
         latency("50"),
@@ -409,6 +412,7 @@ def wrk(port: int, connections: int, seconds: float, path: str = "/tool") -> Wrk
         float(slowest.group(1)) * _UNITS[slowest.group(2)] if slowest else float("nan"),
         int(non_2xx.group(1)) if non_2xx else 0,
         int(requests.group(1)) if requests else 0,
+        int(timeouts.group(1)) if timeouts else 0,
     )
 
 
@@ -641,8 +645,11 @@ def fixed_rate(say: Say, duration: float) -> None:
 def in_flight(bench: Bench, say: Say, seconds: float) -> None:
     say("Slow upstream (sleeps 200 ms), wrk holding N requests in flight:")
     say()
-    say("| proxy | in flight | req/s | p50 ms | p99 ms | CPU-s per 10k req | peak RSS MiB |")
-    say("|---|---|---|---|---|---|---|")
+    say(
+        "| proxy | in flight | req/s | p50 ms | p99 ms | timed out (2 s) | CPU-s per 10k req "
+        "| peak RSS MiB |"
+    )
+    say("|---|---|---|---|---|---|---|---|")
     peaks: dict[tuple[str, int], int] = {}
     p50: dict[tuple[str, int], float] = {}
     for connections in (100, 1000):
@@ -654,7 +661,8 @@ def in_flight(bench: Bench, say: Say, seconds: float) -> None:
             p50[(name, connections)] = result.p50_ms
             say(
                 f"| {name} | {connections} | {result.requests_per_s:,.0f} | "
-                f"{result.p50_ms:.0f} | {result.p99_ms:.0f} | {result.cpu_s_per_10k:.2f} | "
+                f"{result.p50_ms:.0f} | {result.p99_ms:.0f} | {result.timeouts} | "
+                f"{result.cpu_s_per_10k:.2f} | "
                 f"{peak[0] / 1024:.0f} |"
             )
     for name in SLOW_PORTS:
