@@ -2,8 +2,8 @@
 
 Since libuv 1.45, uvloop's servers accept one connection per turn of the loop, and a
 turn of a busy sidecar runs every ready agent's and tool's callbacks first. Sixty-four
-agents that connected at once while others were being served so waited up to half a
-second for their accept (the p99 at c=64 in docs/performance.md). asyncio's own loop and
+agents that connected at once while others were being served so waited up to 0.8 s for
+their accept (the p99 at c=64 in docs/performance.md). asyncio's own loop and
 Envoy accept until the queue is empty; so does this, on either loop, and hands each
 connection to the loop's own transport.
 """
