@@ -18,18 +18,23 @@ BUILD_SETTING = "SIDECAR_COMPILE"
 
 # The modules on a request's path whose compiled form pays: the transport, the agent-facing
 # server and the retry package took 90k, 59k and 71k instructions off a request's 916k,
-# the four of tool/, outcomes and credentials none (docs/performance.md). Not compiled
-# either: the three with async generators (transport.body, transport.exchange,
-# serve.intake), which mypyc cannot compile and which run only for streamed bodies, and
+# and the streamed bodies' iterators, the cancellation watch and the guards 58k more; the
+# four of tool/, outcomes and credentials none (docs/performance.md). Not compiled either:
 # the telemetry events and sinks, whose handlers telemetry.contract checks by their
 # annotations, which compiled functions do not carry.
 COMPILED_MODULES: tuple[str, ...] = (
     "sidecar.retry.attempt",
     "sidecar.retry.call",
+    "sidecar.retry.cancel",
     "sidecar.retry.classify",
+    "sidecar.retry.controls",
     "sidecar.retry.decide",
     "sidecar.retry.engine",
+    "sidecar.retry.guards.budget",
     "sidecar.retry.guards.circuit",
+    "sidecar.retry.guards.route",
+    "sidecar.retry.guards.tools",
+    "sidecar.retry.guards.window",
     "sidecar.retry.machine",
     "sidecar.retry.policy",
     "sidecar.retry.replay",
@@ -38,11 +43,14 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sidecar.serve.agentwire",
     "sidecar.serve.answers",
     "sidecar.serve.httpserver",
+    "sidecar.serve.intake",
     "sidecar.serve.proxy",
     "sidecar.serve.relay",
     "sidecar.transport.answer",
+    "sidecar.transport.body",
     "sidecar.transport.buffers",
     "sidecar.transport.connection",
+    "sidecar.transport.exchange",
     "sidecar.transport.grammar",
     "sidecar.transport.headers",
     "sidecar.transport.pool",

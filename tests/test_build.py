@@ -3,6 +3,7 @@ holds, and how the package tells which build it runs."""
 
 from __future__ import annotations
 
+import ast
 import importlib.machinery
 import os
 import shutil
@@ -70,6 +71,27 @@ def test_a_compiled_build_asks_for_the_type_checker_and_what_it_reads() -> None:
 def test_every_compiled_module_is_a_module_of_the_package() -> None:
     for name in COMPILED_MODULES:
         assert (ROOT / Path(*name.split("."))).with_suffix(".py").is_file(), name
+
+
+def test_no_compiled_function_binds_one_name_to_two_kinds_of_exception() -> None:
+    """mypyc gives a name one type per function: ``except A as exc`` then ``except B as
+    exc`` compiles, then raises TypeError when a B is caught (it did, in exchange.send)."""
+    reused = []
+    for module in COMPILED_MODULES:
+        path = ROOT / (module.replace(".", "/") + ".py")
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            caught: dict[str, set[str]] = {}
+            for node in ast.walk(function):
+                if isinstance(node, ast.ExceptHandler) and node.name and node.type:
+                    caught.setdefault(node.name, set()).add(ast.unparse(node.type))
+            reused += [
+                f"{module}.{function.name}: {name}"
+                for name, kinds in caught.items()
+                if len(kinds) > 1
+            ]
+    assert reused == []
 
 
 def test_an_extension_beside_a_module_is_what_counts_as_compiled(

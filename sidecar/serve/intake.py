@@ -10,7 +10,6 @@ agent needs; what they hold in memory is charged to the buffer budget here.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from aiohttp.http_exceptions import HttpProcessingError
@@ -32,23 +31,42 @@ class StreamedBody:
     exceeded: bool = False
     stalled: bool = False
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        sent = len(self.head)
-        yield self.head
-        while True:
-            try:
-                async with asyncio.timeout(self.idle_timeout_s):
-                    chunk = await self.request.content.readany()
-            except TimeoutError:
-                self.stalled = True
-                raise client_too_slow() from None
-            if not chunk:
-                return
-            sent += len(chunk)
-            if self.hard_limit and sent > self.hard_limit:
-                self.exceeded = True
-                raise answers.RequestTooLarge
-            yield chunk
+    def chunks(self) -> UploadChunks:
+        return UploadChunks(self)
+
+
+class UploadChunks:
+    """A streamed body's bytes for the tool: its head, then the rest as it arrives, within
+    the hard limit and the client timeout (an iterator class, not an async generator, so
+    that mypyc compiles it)."""
+
+    def __init__(self, body: StreamedBody) -> None:
+        self._body = body
+        self._sent = 0
+        self._head_sent = False
+
+    def __aiter__(self) -> UploadChunks:
+        return self
+
+    async def __anext__(self) -> bytes:
+        body = self._body
+        if not self._head_sent:
+            self._head_sent = True
+            self._sent = len(body.head)
+            return body.head
+        try:
+            async with asyncio.timeout(body.idle_timeout_s):
+                chunk = await body.request.content.readany()
+        except TimeoutError:
+            body.stalled = True
+            raise client_too_slow() from None
+        if not chunk:
+            raise StopAsyncIteration
+        self._sent += len(chunk)
+        if body.hard_limit and self._sent > body.hard_limit:
+            body.exceeded = True
+            raise answers.RequestTooLarge
+        return chunk
 
 
 @dataclass(frozen=True, slots=True)

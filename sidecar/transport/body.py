@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -93,10 +93,6 @@ class BodyStream:
         if self._size <= self._high_water // 2:
             self._reading.resume_reading()
         return chunk
-
-    async def iter_any(self) -> AsyncIterator[bytes]:
-        while chunk := await self.readany():
-            yield chunk
 
     def _take_all(self) -> bytes:
         chunk = b"".join(self._chunks)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,6 +21,7 @@ from sidecar.outcomes import AttemptError, out_of_descriptors
 from sidecar.tool.envelopes import json_document
 from sidecar.tool.eventstream import AnswerReader
 from sidecar.transport.answer import MalformedAnswer
+from sidecar.transport.body import BodyStream
 from sidecar.transport.buffers import hold
 from sidecar.transport.connection import ConnectionBroken, Progress, RequestBody, Stage
 from sidecar.transport.pool import Pool, Response
@@ -109,13 +109,29 @@ class Answer:
             return None
         return json_document(*self.judged())
 
-    async def rest(self) -> AsyncIterator[bytes]:
+    def rest(self) -> AnswerRest:
         """The body past ``body``, as it arrives; ``BodyBroken`` if it does not end whole."""
+        return AnswerRest(self.response.content)
+
+
+class AnswerRest:
+    """An answer's body as it arrives, its breaks translated (an iterator class, not an
+    async generator, so that mypyc compiles it)."""
+
+    def __init__(self, content: BodyStream) -> None:
+        self._content = content
+
+    def __aiter__(self) -> AnswerRest:
+        return self
+
+    async def __anext__(self) -> bytes:
         try:
-            async for chunk in self.response.content.iter_any():
-                yield chunk
+            chunk = await self._content.readany()
         except (ConnectionBroken, MalformedAnswer, OSError) as exc:
             raise BodyBroken(str(exc)) from exc
+        if not chunk:
+            raise StopAsyncIteration
+        return chunk
 
 
 class BodyRead(enum.Enum):
@@ -158,10 +174,10 @@ async def send(
         )
     except TimeoutError:
         return _attempt_error(progress, None)
-    except MalformedAnswer as exc:
-        return Malformed(str(exc))
-    except (ConnectionBroken, OSError) as exc:
-        return _attempt_error(progress, exc)
+    except MalformedAnswer as malformed:
+        return Malformed(str(malformed))
+    except (ConnectionBroken, OSError) as broken:
+        return _attempt_error(progress, broken)
 
 
 async def read_for_decision(
