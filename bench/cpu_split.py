@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
 import shutil
 import subprocess
@@ -33,23 +32,12 @@ from run import (
     proxy_pid,
     start_nginx_upstream,
     start_proxy_lanes,
-    tree_pids,
+    tree_user_and_system_s,
     wrk,
 )
 
 # System calls a lane makes fewer of than this per request are left out of the table.
 _SHOWN_PER_REQUEST = 0.05
-
-
-def user_and_system_s(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of a process and its children."""
-    user = system = 0
-    for member in tree_pids(pid):
-        with open(f"/proc/{member}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        user, system = user + int(fields[11]), system + int(fields[12])
-    tick = os.sysconf("SC_CLK_TCK")
-    return user / tick, system / tick
 
 
 def under_perf(pid: int, perf_arguments: list[str], port: int, seconds: float) -> WrkResult:
@@ -114,10 +102,10 @@ def main() -> int:
                 pid = proxy_pid(bench, lane)
                 wrk(port, 16, 1)  # warm up: pools filled, code paths hot
                 counts = Path(workdir) / f"{lane}.calls"
-                user_before, system_before = user_and_system_s(pid)
+                user_before, system_before = tree_user_and_system_s(pid)
                 tracepoints = ["stat", "-x,", "-e", "syscalls:sys_enter_*", "-o", str(counts)]
                 result = under_perf(pid, tracepoints, port, args.seconds)
-                user_after, system_after = user_and_system_s(pid)
+                user_after, system_after = tree_user_and_system_s(pid)
                 per_request = 1e6 / result.requests
                 calls = ", ".join(
                     f"{name} {count / result.requests:.2f}"

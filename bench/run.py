@@ -473,14 +473,20 @@ def proxy_pid(bench: Bench, name: str) -> int:
     return next(running.process.pid for running in bench.running if running.name == name)
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """User + system time of a process (all its threads) and its children."""
-    ticks = 0
+def tree_user_and_system_s(pid: int) -> tuple[float, float]:
+    """User and system time of a process (all its threads) and its children."""
+    user = system = 0
     for member in tree_pids(pid):
         with contextlib.suppress(OSError), open(f"/proc/{member}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-    return ticks / os.sysconf("SC_CLK_TCK")
+            user, system = user + int(fields[11]), system + int(fields[12])
+    tick = os.sysconf("SC_CLK_TCK")
+    return user / tick, system / tick
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system time of a process (all its threads) and its children."""
+    return sum(tree_user_and_system_s(pid))
 
 
 @contextlib.contextmanager
