@@ -7,9 +7,10 @@ together while the sidecar is busy wait a turn each. These tests count turns, no
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import uvloop
@@ -28,36 +29,40 @@ async def _answer(request: web.BaseRequest) -> web.Response:
     return web.Response(text="ok")
 
 
-async def _started_site() -> tuple[web.ServerRunner, web.Server, AcceptingSite, int]:
+@contextlib.asynccontextmanager
+async def _site(port: int = 0) -> AsyncIterator[tuple[web.Server, AcceptingSite, int]]:
+    """A started site on ``port`` of 127.0.0.1: its server, itself and its port."""
     server = web.Server(_answer)
     runner = web.ServerRunner(server)
     await runner.setup()
-    site = AcceptingSite(runner, "127.0.0.1", 0, backlog=128)
-    await site.start()
-    return runner, server, site, runner.addresses[0][1]
+    try:
+        site = AcceptingSite(runner, "127.0.0.1", port, backlog=128)
+        await site.start()
+        yield server, site, runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
 
 
 async def _burst_accepted_within_turns() -> int:
     """Turns of the loop, after the first agent's connection was taken on, that the
     rest of a burst of agents waited."""
-    runner, server, _, port = await _started_site()
-    # Blocking connects: the kernel completes each handshake into the listen queue
-    # before the loop runs again, so all of them wait there together.
-    agents = [socket.create_connection(("127.0.0.1", port)) for _ in range(BURST)]
-    try:
-        for _ in range(100):
-            if server.connections:
-                break
-            await asyncio.sleep(0)
-        turns = 0
-        while len(server.connections) < BURST and turns < 100:
-            await asyncio.sleep(0)
-            turns += 1
-        return turns
-    finally:
-        for agent in agents:
-            agent.close()
-        await runner.cleanup()
+    async with _site() as (server, _, port):
+        # Blocking connects: the kernel completes each handshake into the listen queue
+        # before the loop runs again, so all of them wait there together.
+        agents = [socket.create_connection(("127.0.0.1", port)) for _ in range(BURST)]
+        try:
+            for _ in range(100):
+                if server.connections:
+                    break
+                await asyncio.sleep(0)
+            turns = 0
+            while len(server.connections) < BURST and turns < 100:
+                await asyncio.sleep(0)
+                turns += 1
+            return turns
+        finally:
+            for agent in agents:
+                agent.close()
 
 
 @pytest.mark.parametrize("new_loop", LOOPS.values(), ids=list(LOOPS))
@@ -69,8 +74,7 @@ def test_agents_connecting_together_are_all_taken_on_in_one_turn(
 
 
 async def _answers_then_refuses_once_stopped() -> tuple[bytes, type[OSError] | None]:
-    runner, _, site, port = await _started_site()
-    try:
+    async with _site() as (_, site, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         answer = await reader.read()
@@ -82,8 +86,6 @@ async def _answers_then_refuses_once_stopped() -> tuple[bytes, type[OSError] | N
         except OSError as exc:
             refused = type(exc)
         return answer.split(b"\r\n", 1)[0], refused
-    finally:
-        await runner.cleanup()
 
 
 @pytest.mark.parametrize("new_loop", LOOPS.values(), ids=list(LOOPS))
@@ -98,14 +100,8 @@ def test_a_site_answers_and_stops_listening_when_stopped(
 
 def test_a_port_in_use_is_refused_with_its_errno() -> None:
     async def bind_twice() -> None:
-        runner, _, _, port = await _started_site()
-        second = web.ServerRunner(web.Server(_answer))
-        await second.setup()
-        try:
-            await AcceptingSite(second, "127.0.0.1", port, backlog=16).start()
-        finally:
-            await second.cleanup()
-            await runner.cleanup()
+        async with _site() as (_, _, port), _site(port):
+            pass
 
     with pytest.raises(OSError) as refused:
         asyncio.run(bind_twice())
