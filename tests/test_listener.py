@@ -136,3 +136,37 @@ def test_a_connection_that_cannot_be_served_is_closed_and_reported(
         ended, reported = runner.run(_a_protocol_that_cannot_be_made())
     assert ended == b""
     assert reported == ["Error on transport creation for incoming connection"]
+
+
+async def _closed_between_accept_and_handover() -> tuple[bytes, int]:
+    loop = asyncio.get_running_loop()
+    served: list[asyncio.BaseTransport] = []
+
+    class Served(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            served.append(transport)
+
+    listening = socket.create_server(("127.0.0.1", 0))
+    listening.setblocking(False)
+    listener = Listener(loop, Served, [listening], batch=16)
+    agent = socket.create_connection(listening.getsockname())
+    try:
+        # What the loop does when the socket is ready, then a stop before the handover
+        # runs: the moment a drain can fall in.
+        listener._accept(listening)
+        listener.close()
+        for _ in range(5):
+            await asyncio.sleep(0)
+        agent.settimeout(5)
+        return agent.recv(16), len(served)
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("new_loop", LOOPS.values(), ids=list(LOOPS))
+def test_a_connection_accepted_as_the_port_stops_is_closed_not_served(
+    new_loop: Callable[[], asyncio.AbstractEventLoop],
+) -> None:
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        ended, served = runner.run(_closed_between_accept_and_handover())
+    assert (ended, served) == (b"", 0)

@@ -43,6 +43,7 @@ class AcceptingSite(web.BaseSite):
         assert server is not None
         loop = asyncio.get_running_loop()
         sockets = await _bound_sockets(loop, self._host, self._port, self._backlog)
+        self._port = sockets[0].getsockname()[1]  # the one bound, when 0 asked for any
         # aiohttp's runner and site read only ``sockets`` and call only ``close``.
         self._server = Listener(loop, server, sockets, self._backlog)  # type: ignore[assignment]
 
@@ -71,10 +72,14 @@ class Listener:
         return tuple(self._sockets)
 
     def close(self) -> None:
+        """Stop listening. Connections not yet handed to a transport go as those still in
+        the kernel's queue do: closed, never answered by a server that is shutting down."""
         for listening in self._sockets:
             self._loop.remove_reader(listening.fileno())
             listening.close()
         self._sockets = []
+        for handover in list(self._handing_over):
+            handover.cancel()
 
     def _accept(self, listening: socket.socket) -> None:
         for _ in range(self._batch):
@@ -103,10 +108,12 @@ class Listener:
 
     def _handed_over(self, connection: socket.socket, handover: asyncio.Task[object]) -> None:
         self._handing_over.discard(handover)
-        if handover.cancelled() or handover.exception() is None:
+        if not handover.cancelled() and handover.exception() is None:
             return
-        # Said and closed, as asyncio's own servers do with a transport they cannot make.
         connection.close()
+        if handover.cancelled():
+            return
+        # Said, as asyncio's own servers do with a transport they cannot make.
         self._loop.call_exception_handler(
             {
                 "message": "Error on transport creation for incoming connection",

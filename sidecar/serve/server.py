@@ -150,9 +150,9 @@ def _settle_heap() -> None:
 async def _watch_descriptors(hooks: Hooks) -> None:
     """Report when the process is about to run out of file descriptors.
 
-    Out of descriptors, new agents' connections are dropped at accept (libuv, under
-    uvloop, accepts and closes them without a word) and the tool cannot be reached:
-    the sidecar's own saturation, which must not pass for the tool's failure.
+    Out of descriptors, new agents' connections wait in the kernel's queue (the proxy
+    port tries to accept them again each second) and the tool cannot be reached: the
+    sidecar's own saturation, which must not pass for the tool's failure.
     """
     limit, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     while limit != resource.RLIM_INFINITY:
