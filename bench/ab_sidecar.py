@@ -26,6 +26,7 @@ from run import (
     PYTHON,
     WrkResult,
     proxy_pid,
+    start_bare_proxy,
     start_nginx_upstream,
     tree_private_dirty_kib,
     wrk,
@@ -45,14 +46,7 @@ def start(bench: Bench, before: Path, tool_delay_ms: int) -> dict[str, int]:
         upstream_url = f"http://127.0.0.1:{port}"
     else:
         upstream_url = start_nginx_upstream(bench)
-    bench.start(
-        "baseline",
-        PROXY_CORE,
-        PYTHON,
-        str(HERE / "baseline_proxy.py"),
-        str(ports["baseline"]),
-        upstream_url,
-    )
+    start_bare_proxy(bench, "baseline", ports["baseline"], upstream_url)
     for name, tree in (("before", before), ("after", HERE.parent)):
         command = tree_command(tree, upstream_url, ports[name])
         bench.start(name, PROXY_CORE, *command, env=SIDECAR_ON_LOOPBACK)

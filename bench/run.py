@@ -172,6 +172,11 @@ def start_nginx_upstream(bench: Bench) -> str:
     return f"http://127.0.0.1:{port}"
 
 
+def start_bare_proxy(bench: Bench, name: str, port: int, upstream: str) -> None:
+    """The bare aiohttp pass-through proxy (``baseline_proxy.py``) on the proxies' core."""
+    bench.start(name, PROXY_CORE, PYTHON, str(HERE / "baseline_proxy.py"), str(port), upstream)
+
+
 def start_proxy_lanes(bench: Bench, upstream: str, trees: dict[str, Path]) -> dict[str, int]:
     """Envoy, the bare aiohttp proxy, this tree's sidecar and one more per ``trees`` entry,
     each on the proxies' core in front of ``upstream``: each lane's port, once it listens."""
@@ -179,14 +184,7 @@ def start_proxy_lanes(bench: Bench, upstream: str, trees: dict[str, Path]) -> di
     start_envoy(
         bench, "envoy", ports["envoy"], free_port(), int(upstream.rsplit(":", 1)[1]), ENVOY_POLICY
     )
-    bench.start(
-        "bare aiohttp",
-        PROXY_CORE,
-        PYTHON,
-        str(HERE / "baseline_proxy.py"),
-        str(ports["bare aiohttp"]),
-        upstream,
-    )
+    start_bare_proxy(bench, "bare aiohttp", ports["bare aiohttp"], upstream)
     lanes: dict[str, Path | None] = {"sidecar": None, **trees}
     for lane, tree in lanes.items():
         ports[lane] = free_port()
@@ -245,14 +243,7 @@ def start_everything(bench: Bench, compiled: Path) -> None:
     bench.start("haproxy", PROXY_CORE, "haproxy", "-db", "-f", str(haproxy))
     start_envoy(bench, "envoy", PORTS["envoy"], ENVOY_ADMIN, NGINX_UPSTREAM, ENVOY_POLICY)
     nginx_url = f"http://127.0.0.1:{NGINX_UPSTREAM}"
-    bench.start(
-        "baseline",
-        PROXY_CORE,
-        PYTHON,
-        str(HERE / "baseline_proxy.py"),
-        str(PORTS["baseline"]),
-        nginx_url,
-    )
+    start_bare_proxy(bench, "baseline", PORTS["baseline"], nginx_url)
     bench.start(
         "sidecar",
         PROXY_CORE,
@@ -275,14 +266,7 @@ def start_everything(bench: Bench, compiled: Path) -> None:
         "200",
     )
     slow_url = f"http://127.0.0.1:{SLOW_UPSTREAM}"
-    bench.start(
-        "slow-baseline",
-        PROXY_CORE,
-        PYTHON,
-        str(HERE / "baseline_proxy.py"),
-        str(SLOW_PORTS["baseline"]),
-        slow_url,
-    )
+    start_bare_proxy(bench, "slow-baseline", SLOW_PORTS["baseline"], slow_url)
     for name, tree in (("sidecar", None), ("sidecar compiled", compiled)):
         port = SLOW_PORTS[name]
         bench.start(
