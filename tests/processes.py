@@ -65,6 +65,13 @@ async def _lines_until_started(process: asyncio.subprocess.Process) -> list[str]
     return lines
 
 
+async def kill_if_running(process: asyncio.subprocess.Process) -> None:
+    """SIGKILL to a child this test started, unless it has exited; then reap it."""
+    if process.returncode is None:
+        process.kill()
+        await process.wait()
+
+
 @asynccontextmanager
 async def sidecar_process(
     upstream: str,
@@ -103,6 +110,4 @@ async def sidecar_process(
         running.lines.extend(lines)
         yield running
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await kill_if_running(process)

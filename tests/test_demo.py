@@ -15,6 +15,7 @@ import pytest
 
 from sidecar.demo.run import SCENARIOS, run_demo
 from sidecar.demo.tool import KNOWN_CITIES
+from tests.processes import kill_if_running
 
 
 def scenario_blocks(output: str) -> dict[int, str]:
@@ -137,6 +138,4 @@ async def test_keep_running_serves_until_sigterm():
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), timeout=10) == 0
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await kill_if_running(process)

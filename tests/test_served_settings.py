@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sidecar.config import TUNING_FIELDS, Settings, load_settings
 from sidecar.config.served import RouteConfig, Secret, ServedSettings, ServedTuning
-from tests.processes import clean_env, sidecar_process
+from tests.processes import clean_env, kill_if_running, sidecar_process
 
 
 def mapped_files(pid: int) -> str:
@@ -129,9 +129,7 @@ async def test_without_an_in_memory_file_the_validating_interpreter_serves():
         process.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(process.wait(), timeout=10) == 0
     finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await kill_if_running(process)
 
     assert started["event"] == "sidecar_started"
     assert "pydantic_core" in maps
