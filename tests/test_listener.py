@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import errno
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 import uvloop
@@ -23,6 +24,23 @@ LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop,
 }
 BURST = 64
+T = TypeVar("T")
+
+
+def _loopback_listener(
+    protocol_factory: Callable[[], asyncio.Protocol],
+) -> tuple[Listener, socket.socket]:
+    """A ``Listener`` on a free port of 127.0.0.1, and its socket."""
+    listening = socket.create_server(("127.0.0.1", 0))
+    listening.setblocking(False)
+    loop = asyncio.get_running_loop()
+    return Listener(loop, protocol_factory, [listening], batch=16), listening
+
+
+def _on(new_loop: Callable[[], asyncio.AbstractEventLoop], work: Coroutine[Any, Any, T]) -> T:
+    """``work`` run to its end on a loop of ``new_loop``'s kind."""
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(work)
 
 
 async def _answer(request: web.BaseRequest) -> web.Response:
@@ -69,8 +87,7 @@ async def _burst_accepted_within_turns() -> int:
 def test_agents_connecting_together_are_all_taken_on_in_one_turn(
     new_loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:
-    with asyncio.Runner(loop_factory=new_loop) as runner:
-        assert runner.run(_burst_accepted_within_turns()) <= 1
+    assert _on(new_loop, _burst_accepted_within_turns()) <= 1
 
 
 async def _answers_then_refuses_once_stopped() -> tuple[bytes, type[OSError] | None]:
@@ -92,8 +109,7 @@ async def _answers_then_refuses_once_stopped() -> tuple[bytes, type[OSError] | N
 def test_a_site_answers_and_stops_listening_when_stopped(
     new_loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:
-    with asyncio.Runner(loop_factory=new_loop) as runner:
-        status_line, refused = runner.run(_answers_then_refuses_once_stopped())
+    status_line, refused = _on(new_loop, _answers_then_refuses_once_stopped())
     assert status_line == b"HTTP/1.1 200 OK"
     assert refused is ConnectionRefusedError
 
@@ -116,9 +132,7 @@ async def _a_protocol_that_cannot_be_made() -> tuple[bytes, list[str]]:
     def refuse() -> asyncio.Protocol:
         raise RuntimeError("no protocol")
 
-    listening = socket.create_server(("127.0.0.1", 0))
-    listening.setblocking(False)
-    listener = Listener(loop, refuse, [listening], batch=16)
+    listener, listening = _loopback_listener(refuse)
     try:
         reader, writer = await asyncio.open_connection(*listening.getsockname())
         ended = await asyncio.wait_for(reader.read(), timeout=5)
@@ -132,23 +146,19 @@ async def _a_protocol_that_cannot_be_made() -> tuple[bytes, list[str]]:
 def test_a_connection_that_cannot_be_served_is_closed_and_reported(
     new_loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:
-    with asyncio.Runner(loop_factory=new_loop) as runner:
-        ended, reported = runner.run(_a_protocol_that_cannot_be_made())
+    ended, reported = _on(new_loop, _a_protocol_that_cannot_be_made())
     assert ended == b""
     assert reported == ["Error on transport creation for incoming connection"]
 
 
 async def _closed_between_accept_and_handover() -> tuple[bytes, int]:
-    loop = asyncio.get_running_loop()
     served: list[asyncio.BaseTransport] = []
 
     class Served(asyncio.Protocol):
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             served.append(transport)
 
-    listening = socket.create_server(("127.0.0.1", 0))
-    listening.setblocking(False)
-    listener = Listener(loop, Served, [listening], batch=16)
+    listener, listening = _loopback_listener(Served)
     agent = socket.create_connection(listening.getsockname())
     try:
         # What the loop does when the socket is ready, then a stop before the handover
@@ -167,6 +177,5 @@ async def _closed_between_accept_and_handover() -> tuple[bytes, int]:
 def test_a_connection_accepted_as_the_port_stops_is_closed_not_served(
     new_loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:
-    with asyncio.Runner(loop_factory=new_loop) as runner:
-        ended, served = runner.run(_closed_between_accept_and_handover())
+    ended, served = _on(new_loop, _closed_between_accept_and_handover())
     assert (ended, served) == (b"", 0)
