@@ -14,9 +14,10 @@ COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY build_backend ./build_backend
 COPY sidecar ./sidecar
 # With the [otel] extra: tracing is switched on by OTEL_* variables alone, no other image;
-# the SDK is loaded only then. SIDECAR_COMPILE=1: a broken compiler fails the build rather
-# than ship a pure-Python image unseen.
-RUN SIDECAR_COMPILE=1 pip wheel --no-cache-dir --wheel-dir /wheels '.[otel]'
+# the SDK is loaded only then. SIDECAR_COMPILE=1: the hot path compiled, and a broken
+# compiler fails the build rather than ship a pure-Python image unseen. The wheels go to a
+# directory under WORKDIR so that .ci/run can run this very line in a copy of the sources.
+RUN SIDECAR_COMPILE=1 pip wheel --no-cache-dir --wheel-dir wheels '.[otel]'
 
 FROM python:3.11-slim
 # The sidecar listens on 127.0.0.1 unless told otherwise, and a container's loopback cannot
@@ -28,7 +29,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     SIDECAR_HOST=0.0.0.0 \
     SIDECAR_ADMIN_HOST=0.0.0.0
-COPY --from=build /wheels /wheels
+COPY --from=build /src/wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl \
     && rm -rf /wheels \
     && useradd --uid 10001 --no-create-home --shell /usr/sbin/nologin sidecar

@@ -1,4 +1,11 @@
-"""Whether a build compiles the hot path with mypyc: ``SIDECAR_COMPILE`` and the C compiler.
+"""Whether a build compiles the hot path with mypyc: only when ``SIDECAR_COMPILE=1`` asks.
+
+A source build is pure Python unless asked, as mypy's (``MYPY_USE_MYPYC=1``) and black's
+are: the same ``pip install .`` gives the same program on every machine, installs in
+seconds, and cannot fail for want of an optional speed-up. The image and the compiled
+wheel are built with ``SIDECAR_COMPILE=1``, where a missing compiler or a failed type
+check fails the build loudly instead of shipping pure Python unseen
+(docs/performance.md, "The compiled build").
 
 Read by the build backend (whether to ask for mypy) and by setup.py (whether to compile),
 so both reach the same answer from the same inputs. Standard library and setuptools only:
@@ -11,6 +18,7 @@ import os
 import sysconfig
 import tempfile
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 
 # Imported before any ``distutils``: it puts its own distutils in place, on every Python.
@@ -21,6 +29,9 @@ SETTING = "SIDECAR_COMPILE"
 # hook runs setup.py without it, pure: asking for requirements runs setup.py before mypy
 # is installed, and an editable build is always pure.
 COMPILE_FLAG = "_SIDECAR_MYPYC"
+# The optional extras whose packages the package imports (behind a setting): the compiled
+# build's type check follows imports into the modules that use them, so it reads them too.
+TYPED_EXTRAS = ("otel",)
 # A module that needs Python.h: a compiler without the interpreter's headers cannot build
 # an extension, so it counts as none.
 _PROBE_SOURCE = "#include <Python.h>\nint sidecar_probe(void) { return Py_IsInitialized(); }\n"
@@ -31,35 +42,38 @@ class CompileSettingError(ValueError):
     where no C compiler works."""
 
 
-def will_compile(setting: str | None, editable: bool, compiler_works: bool) -> bool:
-    """Compile when a compiler works, unless the build is editable (a stale extension
-    beside an edited ``.py`` would shadow the edit) or ``SIDECAR_COMPILE=0``;
-    ``SIDECAR_COMPILE=1`` makes a missing compiler an error instead of a pure build."""
+def will_compile(setting: str | None, editable: bool, compiler_works: Callable[[], bool]) -> bool:
+    """Compile only when ``SIDECAR_COMPILE=1`` asks and the build is not editable (a stale
+    extension beside an edited ``.py`` would shadow the edit); asked where no compiler
+    works, the build fails. ``compiler_works`` is called only then: a pure build probes
+    nothing."""
     if setting not in (None, "", "0", "1"):
         raise CompileSettingError(f"{SETTING} must be 0 or 1, not {setting!r}")
-    if editable or setting == "0":
+    if setting != "1" or editable:
         return False
-    if setting == "1" and not compiler_works:
+    if not compiler_works():
         raise CompileSettingError(
             f"{SETTING}=1 asks for the compiled build, but no working C compiler with "
             "Python's headers was found (install gcc, or set CC)"
         )
-    return compiler_works
+    return True
 
 
 def compile_requirements(pyproject: Path) -> list[str]:
     """What a compiled build installs: the mypy and the stub packages the package is type-
-    checked with (the ``test`` extra's), and the package's own dependencies, whose types
-    mypyc reads. Without them the build would check against a different picture of the
-    code than CI, or fail where they are not installed yet (pip builds a wheel before it
-    installs the wheel's dependencies)."""
+    checked with (the ``test`` extra's), the package's own dependencies, whose types mypyc
+    reads, and the packages of the extras it imports. pip's build environment holds these
+    and nothing else, so the check sees the same packages wherever it runs: on a developer's
+    machine, in CI and in ``docker build`` alike."""
     project = tomllib.loads(pyproject.read_text())["project"]
+    extras = project["optional-dependencies"]
     checker = [
         requirement
-        for requirement in project["optional-dependencies"]["test"]
+        for requirement in extras["test"]
         if requirement.startswith(("mypy>", "mypy=", "types-"))
     ]
-    return [*checker, *project["dependencies"]]
+    imported = [requirement for extra in TYPED_EXTRAS for requirement in extras[extra]]
+    return [*checker, *project["dependencies"], *imported]
 
 
 def c_compiler_works() -> bool:
@@ -85,4 +99,4 @@ def c_compiler_works() -> bool:
 
 def compile_this_build(editable: bool) -> bool:
     """``will_compile`` for this process's environment."""
-    return will_compile(os.environ.get(SETTING), editable, compiler_works=c_compiler_works())
+    return will_compile(os.environ.get(SETTING), editable, compiler_works=c_compiler_works)

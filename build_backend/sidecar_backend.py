@@ -1,9 +1,9 @@
-"""The package's build backend: setuptools', with the hot path compiled by mypyc where a C
-compiler works (``compile_choice`` says when).
+"""The package's build backend: setuptools', with the hot path compiled by mypyc when
+``SIDECAR_COMPILE=1`` asks (``compile_choice`` says when).
 
-mypy (and what it reads) is asked for only when the wheel will be compiled, so a machine
-without a compiler installs nothing it cannot use. An editable install is always pure
-Python: setuptools' own editable hooks run setup.py without ``COMPILE_FLAG``.
+mypy (and what it reads) is asked for only when the wheel will be compiled, so a pure
+build installs nothing it does not use. An editable install is always pure Python:
+setuptools' own editable hooks run setup.py without ``COMPILE_FLAG``.
 """
 
 from __future__ import annotations
