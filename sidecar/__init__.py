@@ -1,3 +1,3 @@
 """tool-retry-sidecar: retries, waits for and repairs failed HTTP tool calls."""
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
