@@ -1,6 +1,6 @@
 """Which build of the package this is: the hot path compiled with mypyc, or pure Python.
 
-A wheel built where a C compiler works holds an extension module beside each module of
+A wheel built with ``SIDECAR_COMPILE=1`` holds an extension module beside each module of
 ``COMPILED_MODULES`` (setup.py compiles exactly these); Python's import system prefers the
 extension to the ``.py`` beside it, so the choice is made at import with no setting, and a
 pure install simply has no extensions. ``--version`` and ``sidecar_build_info`` report what
