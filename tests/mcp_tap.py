@@ -17,6 +17,20 @@ applies to drawn from a seeded RNG, or on the first attempt of every Nth call of
   does not accept event streams. Every other POST passes (the tool's error is a tool call's).
 - ``rpc-error-json``: the same error as plain JSON whatever the caller accepts, as a server
   that answers in JSON (the MCP SDK's ``json_response=True``) sends it.
+- ``session-lost``: the server forgets its sessions for good, as one that restarted (or
+  expired them) does. Each POST other than ``initialize`` that names a session the server
+  still knows (``Mcp-Session-Id``) draws; on a hit the server "restarts" at that POST: every
+  session the tap has seen is unknown from then on. That POST and every later request
+  naming one of them, POST, GET or DELETE, is answered by the tap and never delivered, as
+  the MCP Python SDK's server answers an unknown session: ``404`` with the JSON-RPC error
+  ``{"jsonrpc": "2.0", "id": null, "error": {"code": -32600, "message": "Session not
+  found"}}`` (the TypeScript SDK's transport answers 404 too, with code ``-32001``). A
+  session opened afterwards (a new ``initialize``) is known until the next hit. Only POSTs
+  of known sessions draw, in the order they arrive, so a seed gives the same restarts to the
+  same sequence of POSTs; ``Tally.not_found`` counts the 404s, ``faults["session-lost"]`` the
+  restarts. (server-everything's own express app answers a session it does not know with
+  ``400`` "Bad Request: No valid session ID provided", against the specification's 404; the
+  tap plays the specification's answer, which clients are written against.)
 """
 
 from __future__ import annotations
@@ -34,12 +48,16 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-FAULTS = ("reset-before", "reset-after", "rpc-error", "rpc-error-json")
+FAULTS = ("reset-before", "reset-after", "rpc-error", "rpc-error-json", "session-lost")
 # Hop-by-hop and framing headers: aiohttp writes its own for what the tap relays.
 _NOT_RELAYED = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
 )
 RETRYABLE_ERROR = {"code": -32603, "message": "Internal error", "data": {"retryable": True}}
+# The MCP Python SDK's answer to a session it does not know (streamable_http_manager.py).
+SESSION_NOT_FOUND = orjson.dumps(
+    {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Session not found"}}
+)
 
 
 @dataclass
@@ -59,6 +77,7 @@ class Tally:
 
     deliveries: list[Delivery] = field(default_factory=list)
     faults: Counter[str] = field(default_factory=Counter)
+    not_found: int = 0  # requests answered 404 for a session the server forgot
 
     def by_method(self) -> Counter[str]:
         return Counter(f"{d.method}:{d.tool}" if d.tool else d.method for d in self.deliveries)
@@ -112,16 +131,21 @@ class Tap:
     decide: Decide = field(default=lambda session, message: False)
     tally: Tally = field(default_factory=Tally)
     _client: aiohttp.ClientSession | None = None
+    _sessions: set[str] = field(default_factory=set)  # every session named so far
+    _forgotten: set[str] = field(default_factory=set)  # those a "restart" forgot
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
+        message = _json_rpc(body) if request.method == "POST" else None
+        session = request.headers.get("mcp-session-id", "")
+        if self.fault == "session-lost" and session and self._session_lost(session, message):
+            self.tally.not_found += 1
+            return web.Response(status=404, body=SESSION_NOT_FOUND, content_type="application/json")
         if request.method != "POST":
             return await self._relay(request, body)
-        message = _json_rpc(body)
-        eligible = self.fault is not None and (
-            not self.fault.startswith("rpc-error") or _is_tool_call(message)
+        eligible = self.fault not in (None, "session-lost") and (
+            not str(self.fault).startswith("rpc-error") or _is_tool_call(message)
         )
-        session = request.headers.get("mcp-session-id", "")
         fault = self.fault if eligible and self.decide(session, message) else None
         if fault:
             self.tally.faults[fault] += 1
@@ -137,6 +161,22 @@ class Tap:
             reset_connection(request)
             return web.Response()
         return await self._relay(request, body)
+
+    def _session_lost(self, session: str, message: object) -> bool:
+        """Whether the server no longer knows ``session``: forgotten by an earlier restart,
+        or by one drawn on this POST (not an ``initialize``)."""
+        if session in self._forgotten:
+            return True
+        self._sessions.add(session)
+        if (
+            message is None
+            or (isinstance(message, dict) and message.get("method") == "initialize")
+            or not self.decide(session, message)
+        ):
+            return False
+        self.tally.faults["session-lost"] += 1
+        self._forgotten |= self._sessions
+        return True
 
     def _count(self, request: web.Request, message: object) -> None:
         if not isinstance(message, dict):
