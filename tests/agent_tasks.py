@@ -165,8 +165,13 @@ async def run_task(url: str, task: Task) -> Outcome:
                 if isinstance(item, ToolCallOutputItem)
             ]
     except Exception as error:  # a failed task is a result, whatever the SDK raised
-        return Outcome(task, False, time.monotonic() - started, _describe(error), outputs)
-    seconds = time.monotonic() - started
+        return Outcome(task, False, time.monotonic() - started, describe(error), outputs)
+    return judged(task, outputs, time.monotonic() - started)
+
+
+def judged(task: Task, outputs: list[str], seconds: float) -> Outcome:
+    """The outcome of a task that ran to its end: it succeeded when every tool answer is
+    the right one (whatever client made the calls)."""
     wrong = [
         output
         for call, output in zip(task.calls, outputs, strict=False)
@@ -183,9 +188,10 @@ def _text(output: Any) -> str:
     return str(output)
 
 
-def _describe(error: BaseException) -> str:
+def describe(error: BaseException) -> str:
+    """An exception (or every exception of a group) as one line."""
     if isinstance(error, BaseExceptionGroup):
-        return "; ".join(_describe(inner) for inner in error.exceptions)
+        return "; ".join(describe(inner) for inner in error.exceptions)
     return f"{type(error).__name__}: {error}"[:300]
 
 
