@@ -1,20 +1,25 @@
-"""A real agent's loop over MCP under tool faults: task success by fault profile and lane.
+"""Real MCP clients' tasks under tool faults: task success by fault profile, client and lane.
 
-    python bench/agents.py [--tasks 40] [--profiles NAME ...] [--lanes NAME ...]
-                           [--seed 1] [--sidecar-src DIR] [--bound-s 3600] [--out FILE]
+    python bench/agents.py [--tasks 40] [--profiles NAME ...] [--clients NAME ...]
+                           [--lanes NAME ...] [--seed 1] [--sidecar-src DIR]
+                           [--bound-s 3600] [--out FILE]
 
-The agent is the OpenAI Agents SDK (``openai-agents``) with ``MCPServerStreamableHttp`` at
-every default (its 5 s timeout included), driven by a scripted model (tests/agent_tasks.py):
-each task is a fresh MCP session making 1–3 tool calls, so only the path varies. The tool is
+The clients (bench/agent_clients.py), each at every default: the OpenAI Agents SDK
+(``openai-agents``, ``MCPServerStreamableHttp``, its 5 s timeout included) and pydantic-ai
+(``MCPToolset``), each driven by a scripted model, and the TypeScript SDK's ``Client`` over
+``StreamableHTTPClientTransport`` (bench/ts_client.mjs). Each task is a fresh MCP session
+making the same 1–3 tool calls (tests/agent_tasks.py draws them), so only the client and
+the path vary. The tool is
 the reference server ``@modelcontextprotocol/server-everything`` (npm, pinned), streamable
 HTTP with its event store, installed with npm into bench/.cache/ on first use and held on
 127.0.0.1 by a preload that binds its listener there. In front of it, a counting tap
 (tests/mcp_tap.py) counts what it received and plays the tap's faults; Envoy's fault filter
-plays the others, in an Envoy on the tool's side. Lanes: no proxy; Envoy with a standard
-retry policy; ``tool-retry-sidecar serve`` with its shipped defaults. A fresh server, tap,
-Envoys and sidecar per cell, so no cell inherits another's sessions or circuits. Tasks run
-one at a time. Every process is stopped by its PID; ``--bound-s`` ends the run, and the
-cells measured by then are reported.
+plays the others, in an Envoy on the tool's side; ``session-lost`` is the tap's server
+"restart" (its docstring says how). Lanes: no proxy; Envoy with a standard retry policy;
+``tool-retry-sidecar serve`` with its shipped defaults. A fresh server, tap, Envoys, sidecar
+and node client per cell, so no cell inherits another's sessions or circuits. Tasks run one
+at a time, each bounded by ``TASK_BOUND_S``. Every process is stopped by its PID;
+``--bound-s`` ends the run, and the cells measured by then are reported.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ _HERE = Path(__file__).resolve().parent
 sys.path[:] = [str(_HERE.parent), *(p for p in sys.path if Path(p or ".").resolve() != _HERE)]
 
 from bench import envoy  # noqa: E402
+from bench.agent_clients import CLIENTS, Clients, versions  # noqa: E402
 from bench.processes import (  # noqa: E402
     SIDECAR_ON_LOOPBACK,
     Bench,
@@ -51,7 +57,7 @@ from bench.processes import (  # noqa: E402
     wait_for_port,
 )
 from bench.report import Report  # noqa: E402
-from tests.agent_tasks import NOT_IDEMPOTENT, Outcome, Task, run_task, tasks  # noqa: E402
+from tests.agent_tasks import NOT_IDEMPOTENT, Outcome, Task, tasks  # noqa: E402
 from tests.mcp_tap import Tally, Tap, seeded, tap_serving  # noqa: E402
 
 EVERYTHING = "@modelcontextprotocol/server-everything"
@@ -69,7 +75,10 @@ net.Server.prototype.listen = function (...args) {
   return listen.apply(this, args);
 };
 """
-TASK_BOUND_S = 60  # far above a task's worst case (a few requests, 5 s each at most)
+# A task still running after this failed ("bench bound"): far above the Agents SDK's worst
+# case (a few requests, 5 s each at most), at the TypeScript SDK's 60 s request timeout, and
+# below pydantic-ai's (FastMCP's) 300 s read timeout.
+TASK_BOUND_S = 60
 FAULT_SHARE = 0.3
 
 
@@ -106,6 +115,11 @@ PROFILES = [
         "rpc-error-json",
         "JSON-RPC `-32603` `retryable: true` in a 200 (JSON)",
         tap_fault="rpc-error-json",
+    ),
+    Profile(
+        "session-lost",
+        "session lost: the server restarts (404 for its sessions)",
+        tap_fault="session-lost",
     ),
 ]
 LANES = ("none", "envoy", "sidecar")
@@ -185,6 +199,7 @@ def everything_command() -> list[str]:
 @dataclass
 class Cell:
     profile: Profile
+    client: str
     lane: str
     outcomes: list[Outcome] = field(default_factory=list)
     tally: Tally = field(default_factory=Tally)
@@ -282,17 +297,15 @@ async def cell_path(run: Run, cell: Cell, seed: int) -> AsyncIterator[tuple[str,
 
 
 async def measure(cell: Cell, chosen: list[Task], seed: int, run: Run) -> None:
+    client = Clients(cell.client, run.workdir)
     try:
         async with cell_path(run, cell, seed) as (url, fault_admin):
             for task in chosen:
-                try:
-                    async with asyncio.timeout(TASK_BOUND_S):
-                        cell.outcomes.append(await run_task(url, task))
-                except TimeoutError:
-                    cell.outcomes.append(Outcome(task, False, TASK_BOUND_S, "bench bound"))
+                cell.outcomes.append(await client.run(url, task, TASK_BOUND_S))
             if fault_admin is not None:
                 cell.envoy_faults = await aborts_injected(fault_admin)
     finally:
+        await client.close()
         run.bench.stop_all()
 
 
@@ -324,16 +337,19 @@ def figures(cell: Cell, half: str | None) -> tuple[str, str, str]:
 
 def row(cell: Cell) -> str:
     even, odd, whole = (figures(cell, half) for half in ("even", "odd", None))
-    faults = cell.envoy_faults + sum(cell.tally.faults.values())
+    faults = str(cell.envoy_faults + sum(cell.tally.faults.values()))
+    if cell.tally.not_found:
+        faults += f" ({cell.tally.not_found} 404s)"
     reasons = Counter(reason(o.error) for o in cell.outcomes if not o.succeeded)
     failed = ", ".join(f"{reason} ×{count}" for reason, count in reasons.most_common(3)) or "—"
     cells = [
         cell.profile.title,
+        cell.client,
         cell.lane,
         *(f[0] for f in (even, odd, whole)),
         *(f[1] for f in (even, odd, whole)),
         *(f[2] for f in (even, odd, whole)),
-        str(faults),
+        faults,
         failed,
     ]
     return "| " + " | ".join(cells) + " |"
@@ -345,25 +361,35 @@ def reason(error: str) -> str:
         return "a toggle run twice (answered Stopped)"
     if error.startswith("tool answered") and "An error occurred" in error:
         return "a tool call failed (SDK: an error occurred)"
+    if error.startswith("tool answered") and "error: " in error:
+        # The ts-sdk and pydantic-ai runners give a failed call's error as its answer.
+        error = (
+            "a tool call failed: " + re.split(r"""['"](, |\])""", error.split("error: ", 1)[1])[0]
+        )
+    # A JSON-RPC error body quoted in the message: its message is enough.
+    error = re.sub(r'\{"jsonrpc":"2\.0".*?"message":"([^"]*)".*', r'JSON-RPC "\1"', error)
     error = error.replace(" to MCP server 'everything'", "").replace("|", "/")
-    return re.sub(r"[0-9a-f]{8}-[0-9a-f-]{27}", "…", error)[:60]
+    error = error.replace("Streamable HTTP error: Error POSTing to endpoint: ", "POST: ")
+    error = re.sub(r"[0-9a-f]{8}-?[0-9a-f-]{24,27}", "…", error)
+    return re.sub(r"\s+", " ", error)[:80]
 
 
 HEADER = [
-    "| fault | lane | success % even | odd | all | p95 s even | odd | all "
+    "| fault | client | lane | success % even | odd | all | p95 s even | odd | all "
     "| run twice (not idempotent) even | odd | all | faults played | how tasks failed |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
 async def main_async(args: argparse.Namespace) -> None:
     chosen_tasks = tasks(args.tasks, args.seed)
     profiles = [p for p in PROFILES if not args.profiles or p.name in args.profiles]
+    clients = [client for client in CLIENTS if not args.clients or client in args.clients]
     report, started = Report(), time.monotonic()
-    version = [metadata.version(name) for name in ("openai-agents", "mcp")]
     report(
-        f"openai-agents {version[0]}, mcp {version[1]}, {EVERYTHING}@{EVERYTHING_VERSION}, "
-        f"Envoy {envoy.version()}; {len(chosen_tasks)} tasks per cell, seed {args.seed}, "
+        f"{versions(clients)}; mcp {metadata.version('mcp')}, "
+        f"{EVERYTHING}@{EVERYTHING_VERSION}, Envoy {envoy.version()}; "
+        f"{len(chosen_tasks)} tasks per cell, seed {args.seed}, "
         f"sidecar from {args.sidecar_src or 'this checkout'}"
     )
     report()
@@ -373,10 +399,12 @@ async def main_async(args: argparse.Namespace) -> None:
     try:
         async with asyncio.timeout(args.bound_s):
             for profile in profiles:
-                for lane in [lane for lane in LANES if not args.lanes or lane in args.lanes]:
-                    cell = Cell(profile, lane)
-                    await measure(cell, chosen_tasks, args.seed, Run(workdir, args.sidecar_src))
-                    report(row(cell))
+                for client in clients:
+                    for lane in [lane for lane in LANES if not args.lanes or lane in args.lanes]:
+                        cell = Cell(profile, client, lane)
+                        run = Run(workdir, args.sidecar_src)
+                        await measure(cell, chosen_tasks, args.seed, run)
+                        report(row(cell))
     except TimeoutError:
         report(f"(stopped at the {args.bound_s} s bound; the rows above are whole cells)")
     report()
@@ -387,6 +415,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=40, help="tasks per cell")
     parser.add_argument("--profiles", nargs="*", choices=[p.name for p in PROFILES])
+    parser.add_argument("--clients", nargs="*", choices=CLIENTS)
     parser.add_argument("--lanes", nargs="*", choices=LANES)
     parser.add_argument("--seed", type=int, default=1, help="tasks and the tap's fault draws")
     parser.add_argument("--sidecar-src", type=Path, help="run the sidecar from this tree")
