@@ -374,6 +374,30 @@ def reason(error: str) -> str:
     return re.sub(r"\s+", " ", error)[:80]
 
 
+def requests_row(cell: Cell) -> str:
+    """What reached the tool beside the table's figures: sessions opened, tool calls, GETs
+    (resumed streams among them), DELETEs, and the tap's 404s for forgotten sessions."""
+    methods, others = cell.tally.by_method(), cell.tally.others
+    calls = sum(count for method, count in methods.items() if method.startswith("tools/call"))
+    cells = [
+        cell.profile.title,
+        cell.client,
+        cell.lane,
+        str(methods["initialize"]),
+        str(calls),
+        str(others["GET"] + others["GET Last-Event-ID"]),
+        str(others["GET Last-Event-ID"]),
+        str(others["DELETE"]),
+        str(cell.tally.not_found),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+REQUESTS_HEADER = [
+    "| fault | client | lane | initialize delivered | tools/call delivered | GET "
+    "| of them with Last-Event-ID | DELETE | 404s for a forgotten session |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
 HEADER = [
     "| fault | client | lane | success % even | odd | all | p95 s even | odd | all "
     "| run twice (not idempotent) even | odd | all | faults played | how tasks failed |",
@@ -396,6 +420,7 @@ async def main_async(args: argparse.Namespace) -> None:
     for line in HEADER:
         report(line)
     workdir = Path(tempfile.mkdtemp(prefix="agents-bench-"))
+    measured: list[Cell] = []
     try:
         async with asyncio.timeout(args.bound_s):
             for profile in profiles:
@@ -404,9 +429,17 @@ async def main_async(args: argparse.Namespace) -> None:
                         cell = Cell(profile, client, lane)
                         run = Run(workdir, args.sidecar_src)
                         await measure(cell, chosen_tasks, args.seed, run)
+                        measured.append(cell)
                         report(row(cell))
     except TimeoutError:
         report(f"(stopped at the {args.bound_s} s bound; the rows above are whole cells)")
+    report()
+    report("What the tool received besides (counted by the tap, every lane's retries included):")
+    report()
+    for line in REQUESTS_HEADER:
+        report(line)
+    for cell in measured:
+        report(requests_row(cell))
     report()
     report.finish(started, args.out)
 

@@ -78,6 +78,9 @@ class Tally:
     deliveries: list[Delivery] = field(default_factory=list)
     faults: Counter[str] = field(default_factory=Counter)
     not_found: int = 0  # requests answered 404 for a session the server forgot
+    # Requests other than POSTs that reached the tap: "GET", "GET Last-Event-ID" (a stream
+    # resumed), "DELETE".
+    others: Counter[str] = field(default_factory=Counter)
 
     def by_method(self) -> Counter[str]:
         return Counter(f"{d.method}:{d.tool}" if d.tool else d.method for d in self.deliveries)
@@ -138,6 +141,9 @@ class Tap:
         body = await request.read()
         message = _json_rpc(body) if request.method == "POST" else None
         session = request.headers.get("mcp-session-id", "")
+        if request.method != "POST":
+            resumed = " Last-Event-ID" if "last-event-id" in request.headers else ""
+            self.tally.others[request.method + resumed] += 1
         if self.fault == "session-lost" and session and self._session_lost(session, message):
             self.tally.not_found += 1
             return web.Response(status=404, body=SESSION_NOT_FOUND, content_type="application/json")
