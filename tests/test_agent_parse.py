@@ -195,13 +195,18 @@ async def test_the_framing_head_of_an_upgrade_body():
 
 HOSTS = [
     (b"GET /x HTTP/1.1\r\n\r\n", b"400", "an HTTP/1.1 request without Host"),
+    (
+        b"GET /x HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        b"400",
+        "a request with more than one Host",
+    ),
     (b"GET /x HTTP/1.1\r\nHost: a\r\n\r\n", b"200", "ok"),
     (b"GET /x HTTP/1.0\r\n\r\n", b"200", "ok"),  # HTTP/1.0 has no Host to require
 ]
 
 
 @pytest.mark.parametrize(("head", "status", "said"), HOSTS)
-async def test_an_http11_request_without_host_is_refused_before_any_tool(head, status, said):
+async def test_a_request_without_exactly_one_host_is_refused_before_any_tool(head, status, said):
     server, written = await serve(head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
     assert written.split(b" ", 2)[1] == status
     assert written.endswith(said.encode())

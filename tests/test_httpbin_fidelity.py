@@ -7,7 +7,7 @@ must be the same both ways, but for the changes ``docs/forwarding.md`` documents
 
 - to the tool: hop-by-hop headers dropped; ``X-Forwarded-For`` appended, ``-Proto`` and
   ``-Host`` set; ``X-Request-ID`` and ``Idempotency-Key`` added when the agent sent none;
-  ``Host`` names the tool; a body read whole goes with its ``Content-Length``;
+  ``Host`` as the agent sent it; a body read whole goes with its ``Content-Length``;
 - to the agent: hop-by-hop headers dropped; ``X-Sidecar-*`` (and ``x-should-retry: false``
   when the sidecar gave up) added; ``Date`` added when the tool sent none; a body read whole
   comes with its ``Content-Length``; chunk boundaries may differ.
@@ -765,9 +765,10 @@ async def test_httpbin_sees_and_answers_the_same_through_the_sidecar(
     case: Case, httpbins: dict[str, Httpbin], make_sidecar: Any
 ) -> None:
     tool = httpbins[case.server]
-    direct_received, direct = await call(tool, tool.port, case, f"127.0.0.1:{tool.port}")
     sidecar = await make_sidecar(tool.url, max_retries=0, **dict(case.settings))
     agent_host = f"127.0.0.1:{sidecar.client.port}"
+    # The same Host both ways: the sidecar passes the agent's on as it came.
+    direct_received, direct = await call(tool, tool.port, case, agent_host)
     through_received, through = await call(tool, sidecar.client.port, case, agent_host)
 
     diffs: list[str] = []

@@ -164,10 +164,27 @@ async def test_host_and_control_headers_cannot_redirect_a_call(make_tool, make_s
     )
 
     assert response.status == 200
-    [seen] = tool.seen
-    assert seen.headers["Host"] == f"127.0.0.1:{tool.server.port}"
+    [seen] = tool.seen  # the configured tool, whatever the headers said
+    assert seen.headers["Host"] == "evil.example"  # the agent's, for the tool to judge
     assert seen.headers["X-Forwarded-Host"] == "evil.example"  # reported, never followed
     assert not [name for name in seen.headers if name.lower().startswith("x-sidecar-")]
+
+
+@pytest.mark.parametrize(
+    ("host_rewrite", "host_seen"), [(False, "agent.local:8090"), (True, "the tool's own")]
+)
+async def test_the_tool_gets_the_agents_host_unless_the_route_rewrites_it(
+    make_tool, make_sidecar, host_rewrite, host_seen
+):
+    tool = await make_tool(ok)
+    sidecar = await make_sidecar(tool, host_rewrite=host_rewrite)
+
+    await sidecar.client.get("/x", headers={"Host": "agent.local:8090"})
+
+    [seen] = tool.seen
+    expected = f"127.0.0.1:{tool.server.port}" if host_rewrite else host_seen
+    assert seen.headers.getall("Host") == [expected]
+    assert seen.headers["X-Forwarded-Host"] == "agent.local:8090"
 
 
 @pytest.mark.parametrize(

@@ -120,6 +120,10 @@ class Tuning(BaseModel):
     circuit_half_open_probes: Count = Field(3, ge=1)
     circuit_scope: CircuitScope = "tool"
     hedge_after_ms: DurationMs = 0
+    # False: the agent's ``Host`` reaches the tool, as Envoy keeps it, so a tool's own
+    # DNS-rebinding check sees what the agent sent; true: the upstream's address, for a
+    # tool behind a name-based virtual host (a CDN, an ingress).
+    host_rewrite: bool = False
     idempotency_header: str = "Idempotency-Key"
     repair: RepairLevel = "auto"
     llm_max_repairs: Count = 2

@@ -77,6 +77,7 @@ class ServedTuning:
     circuit_half_open_probes: int
     circuit_scope: CircuitScope
     hedge_after_ms: int
+    host_rewrite: bool
     idempotency_header: str
     repair: RepairLevel
     llm_max_repairs: int

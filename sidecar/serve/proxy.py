@@ -237,7 +237,8 @@ class Proxy:
             sent, payload = body.chunks(), None
         else:
             sent, payload = body, Payload(body)
-        upstream = UpstreamRequest(request.method, target.url, headers, sent)
+        host = None if route.tuning.host_rewrite else request.headers.get("Host")
+        upstream = UpstreamRequest(request.method, target.url, headers, sent, host=host)
         buffered = None if payload is None else payload.body
         with self._mcp_requests.watch(route.name, request.headers, buffered) as stop:
             result = await self._engine.run(
@@ -301,8 +302,12 @@ def _check_head(request: AgentRequest, max_header_bytes: int) -> None:
     refused = target_fault(request.raw_path)
     if refused is not None:
         raise answers.Refusal(answers.BAD_REQUEST, refused)
-    if request.version == aiohttp.HttpVersion11 and "Host" not in request.headers:
+    hosts = request.headers.getall("Host", ())
+    if request.version == aiohttp.HttpVersion11 and not hosts:
         raise answers.Refusal(answers.BAD_REQUEST, "an HTTP/1.1 request without Host")
+    if len(hosts) > 1:
+        # RFC 9112 §3.2: which one the tool would read is not the sidecar's to guess.
+        raise answers.Refusal(answers.BAD_REQUEST, "a request with more than one Host")
     bad_header = undeliverable_header(request.headers)
     if bad_header is not None:
         raise answers.Refusal(answers.BAD_REQUEST, f"header {bad_header} is not valid UTF-8")

@@ -53,10 +53,13 @@ class UpstreamRequest:
     body: RequestBody
     # A JSON-RPC request's id as JSON text: the id its answer carries in an event stream.
     rpc_id: bytes | None = None
+    # The ``Host`` the tool gets: the agent's, as Envoy keeps it; ``None`` names the
+    # upstream's own address (a route's ``host_rewrite``, or an agent that sent none).
+    host: str | None = None
 
     def with_headers(self, headers: CIMultiDict[str]) -> UpstreamRequest:
         """The same call with ``headers`` (an attempt's trace context added)."""
-        return UpstreamRequest(self.method, self.url, headers, self.body, self.rpc_id)
+        return UpstreamRequest(self.method, self.url, headers, self.body, self.rpc_id, self.host)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +173,13 @@ async def send(
     progress = Progress()
     try:
         return await pool.request(
-            request.method, request.url, request.headers, request.body, progress, timeout_s
+            request.method,
+            request.url,
+            request.headers,
+            request.body,
+            progress,
+            timeout_s,
+            host=request.host,
         )
     except TimeoutError:
         return _attempt_error(progress, None)

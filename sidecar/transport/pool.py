@@ -63,16 +63,17 @@ class Pool:
         body: RequestBody,
         progress: Progress,
         timeout_s: float,
+        host: str | None = None,
     ) -> Response:
         """Send one request and wait for its answer's head; the body streams after.
 
         ``timeout_s`` bounds the wait for a connection, connecting, and the wait for the
         head (``TimeoutError``); ``progress`` tells how far the request got. An answer
-        that is not valid HTTP/1.1 raises ``MalformedAnswer``.
+        that is not valid HTTP/1.1 raises ``MalformedAnswer``. ``host`` is the ``Host``
+        sent (``None``: the URL's authority).
         """
-        host = url.raw_host or ""
         tls = url.scheme == "https"
-        key = (tls, host, url.port or (443 if tls else 80))
+        key = (tls, url.raw_host or "", url.port or (443 if tls else 80))
         deadline = asyncio.get_running_loop().time() + timeout_s
         progress.stage = Stage.QUEUED
         connection = self._take_idle(key)
@@ -87,7 +88,7 @@ class Pool:
         try:
             head, body_stream = await connection.exchange(
                 method,
-                _head(url, method, headers, body, chunked),
+                _head(url, method, headers, body, chunked, host),
                 body,
                 chunked,
                 progress,
@@ -194,15 +195,24 @@ def _verifying_context() -> ssl.SSLContext:
 
 
 def _head(
-    url: URL, method: str, headers: CIMultiDict[str], body: RequestBody, chunked: bool
+    url: URL,
+    method: str,
+    headers: CIMultiDict[str],
+    body: RequestBody,
+    chunked: bool,
+    host: str | None = None,
 ) -> bytes:
-    """The request line and header block.
+    """The request line and header block, ``Host`` first (RFC 9110 §7.2).
 
     ``headers`` hold the agent's ``Content-Length``, if it sent one, stating the length of
     ``body``. A buffered body the agent sent chunked gets its length. A request without a
     body gets no framing header.
     """
-    lines = [f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {url.host_port_subcomponent}\r\n"]
+    if host is None:
+        host = url.host_port_subcomponent
+    elif "\r" in host or "\n" in host:
+        raise ValueError("Host holds a line break")
+    lines = [f"{method} {url.raw_path_qs} HTTP/1.1\r\nHost: {host}\r\n"]
     for name, value in headers.items():
         if "\r" in value or "\n" in value:
             # It would end the field early and start a header (or a request) of its own.
