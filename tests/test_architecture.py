@@ -1,11 +1,10 @@
-"""The package's shape: small modules, short functions, few modules at its top, and
-imports that point down the layers of docs/architecture.md.
+"""The package's shape: few modules at its top, one name per concept, and imports that
+point down the layers of docs/architecture.md; the retry machine pure, the engine a thin
+loop.
 
-No module over 400 lines and no function over 50 (its docstring included) anywhere in
-``sidecar/`` but the demo package, and at most ten modules directly in ``sidecar/``; no
-class name defined twice anywhere in ``sidecar/`` (one name per concept, as
-docs/glossary.md lists them). Each failure names every offender, so one run shows all
-that is left to split.
+How long a module or a function is, is reported (``python bench/sizes.py``), not capped:
+a room is sized by what belongs together, and a ruler that cut rooms opened an import
+circle in 0.5. Each failure names every offender, so one run shows all that is left.
 """
 
 from __future__ import annotations
@@ -17,42 +16,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "sidecar"
-# The demo is a walkthrough read top to bottom, so its steps may stay in one place.
-EXEMPT = PACKAGE / "demo"
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 50
 MAX_TOP_LEVEL_MODULES = 10
 
 
 def modules() -> Iterator[Path]:
-    """Every module of the package outside the demo."""
-    for path in sorted(PACKAGE.rglob("*.py")):
-        if not path.is_relative_to(EXEMPT):
-            yield path
+    """Every module of the package."""
+    yield from sorted(PACKAGE.rglob("*.py"))
 
 
 def name(path: Path) -> str:
     return str(path.relative_to(PACKAGE.parent))
-
-
-def test_no_module_is_over_400_lines() -> None:
-    too_long = [
-        f"{name(path)}: {lines} lines"
-        for path in modules()
-        if (lines := len(path.read_text().splitlines())) > MAX_MODULE_LINES
-    ]
-    assert not too_long, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(too_long)
-
-
-def test_no_function_is_over_50_lines() -> None:
-    too_long = []
-    for path in modules():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-                lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES:
-                    too_long.append(f"{name(path)}:{node.lineno} {node.name}: {lines} lines")
-    assert not too_long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(too_long)
 
 
 def test_no_class_name_is_defined_twice() -> None:
@@ -109,20 +82,17 @@ def test_imports_point_down_the_layers() -> None:
     assert not upward, "imports that point up a layer:\n" + "\n".join(upward)
 
 
-# The retry loop only carries out what the retry machine decides: kept small and nearly
-# branchless, so a rule added to it shows here rather than hiding in the loop.
+# The retry loop only carries out what the retry machine decides: nearly branchless, so a
+# rule added to it shows here rather than hiding in the loop.
 ENGINE = PACKAGE / "retry" / "engine.py"
-MAX_ENGINE_LINES = 250
 MAX_ENGINE_BRANCHES = 12
 
 
 def test_the_retry_engine_stays_a_thin_loop() -> None:
     source = ENGINE.read_text()
-    lines = len(source.splitlines())
     branches = [
         node.lineno for node in ast.walk(ast.parse(source)) if isinstance(node, ast.If | ast.While)
     ]
-    assert lines <= MAX_ENGINE_LINES, f"{name(ENGINE)}: {lines} lines"
     assert len(branches) <= MAX_ENGINE_BRANCHES, (
         f"{name(ENGINE)}: {len(branches)} if/elif/while lines (at most {MAX_ENGINE_BRANCHES}): "
         + ", ".join(map(str, branches))
