@@ -204,6 +204,7 @@ class Cell:
     outcomes: list[Outcome] = field(default_factory=list)
     tally: Tally = field(default_factory=Tally)
     envoy_faults: int = 0
+    exited: list[str] = field(default_factory=list)  # processes of the path that died mid-cell
 
 
 class Run:
@@ -302,6 +303,11 @@ async def measure(cell: Cell, chosen: list[Task], seed: int, run: Run) -> None:
         async with cell_path(run, cell, seed) as (url, fault_admin):
             for task in chosen:
                 cell.outcomes.append(await client.run(url, task, TASK_BOUND_S))
+            cell.exited = [
+                f"{running.name} exited ({running.process.returncode}) during the cell"
+                for running in run.bench.running
+                if running.process.poll() is not None
+            ]
             if fault_admin is not None:
                 cell.envoy_faults = await aborts_injected(fault_admin)
     finally:
@@ -341,7 +347,9 @@ def row(cell: Cell) -> str:
     if cell.tally.not_found:
         faults += f" ({cell.tally.not_found} 404s)"
     reasons = Counter(reason(o.error) for o in cell.outcomes if not o.succeeded)
-    failed = ", ".join(f"{reason} ×{count}" for reason, count in reasons.most_common(3)) or "—"
+    failed = ", ".join(
+        [*cell.exited, *(f"{reason} ×{count}" for reason, count in reasons.most_common(3))]
+    )
     cells = [
         cell.profile.title,
         cell.client,
@@ -350,7 +358,7 @@ def row(cell: Cell) -> str:
         *(f[1] for f in (even, odd, whole)),
         *(f[2] for f in (even, odd, whole)),
         faults,
-        failed,
+        failed or "—",
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -427,7 +435,10 @@ async def main_async(args: argparse.Namespace) -> None:
                 for client in clients:
                     for lane in [lane for lane in LANES if not args.lanes or lane in args.lanes]:
                         cell = Cell(profile, client, lane)
-                        run = Run(workdir, args.sidecar_src)
+                        # Each cell's processes write their stderr in a folder of its own.
+                        folder = workdir / f"{len(measured):02d}-{profile.name}-{client}-{lane}"
+                        folder.mkdir()
+                        run = Run(folder, args.sidecar_src)
                         await measure(cell, chosen_tasks, args.seed, run)
                         measured.append(cell)
                         report(row(cell))
@@ -441,6 +452,7 @@ async def main_async(args: argparse.Namespace) -> None:
     for cell in measured:
         report(requests_row(cell))
     report()
+    report(f"Each cell's processes' stderr: {workdir}/NN-profile-client-lane/.")
     report.finish(started, args.out)
 
 
