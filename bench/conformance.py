@@ -269,7 +269,11 @@ class Lab:
         running = self.bench.start(
             "sidecar", None, *command, env={**environment, **SIDECAR_ON_LOOPBACK}, inherit_env=False
         )
-        wait_for_port(port, timeout_s=60)
+        try:
+            wait_for_port(port, timeout_s=60)
+        except RuntimeError:
+            self.bench.stop(running)
+            raise
         return running, port
 
 
@@ -343,7 +347,11 @@ def run_server(
                         raise TimeoutError
                     out = workdir / kind / label / path / name
                     if path == "sidecar":
-                        sidecar, front = lab.sidecar(port)
+                        try:
+                            sidecar, front = lab.sidecar(port)
+                        except RuntimeError as error:
+                            outcomes[path][name] = Outcome(error=f"no sidecar: {error}")
+                            continue
                         url = f"http://127.0.0.1:{front}/mcp"
                     else:
                         sidecar, url = None, f"http://127.0.0.1:{port}/mcp"
