@@ -19,7 +19,7 @@ from mcp.types import ToolAnnotations
 from sidecar.retry.cancel import InFlight
 from tests.asgi import uvicorn_serving
 from tests.conftest import Tool, eventually
-from tests.wire import Wire, mcp_client
+from tests.wire import Wire, mcp_client, own_error
 
 SESSION = {"Mcp-Session-Id": "session-1"}
 
@@ -119,7 +119,8 @@ async def test_a_cancellation_cuts_the_wait_and_no_retry_follows(make_tool, make
 
 
 async def test_a_cancellation_abandons_the_attempt_in_flight(make_tool, make_sidecar):
-    """No answer yet: the agent gets ``504 UPSTREAM_TIMEOUT``, reason ``cancelled``."""
+    """No answer yet: the agent gets ``UPSTREAM_TIMEOUT`` (as a JSON-RPC error for the call,
+    which is one), reason ``cancelled``."""
     seen: list[str] = []
     at_tool = asyncio.Event()
 
@@ -138,11 +139,10 @@ async def test_a_cancellation_abandons_the_attempt_in_flight(make_tool, make_sid
     await asyncio.wait_for(at_tool.wait(), 5)
     await sidecar.client.post("/mcp", data=cancel(7), headers=SESSION)
     answered = await asyncio.wait_for(call, 1)
-    body = await answered.json()
+    error = own_error(answered.status, await answered.read())
 
-    assert answered.status == 504
-    assert body["error"]["code"] == "UPSTREAM_TIMEOUT"
-    assert body["error"]["details"]["reason"] == "cancelled"
+    assert (error.status, error.code) == (504, "UPSTREAM_TIMEOUT")
+    assert error.details["reason"] == "cancelled"
     assert answered.headers["X-Sidecar-Trail"] == "stop=cancelled"
     assert seen == ["tools/call", "notifications/cancelled"]
 

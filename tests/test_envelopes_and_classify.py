@@ -204,7 +204,7 @@ def test_any_json_gives_a_verdict(document, status):
     ("result", "action", "reason"),
     [
         (AttemptError.CONNECT, Action.RETRY, "connect_error"),
-        (AttemptError.RESET, Action.RETRY, "connect_error"),
+        (AttemptError.RESET, Action.RETRY, "reset"),
         (AttemptError.TIMEOUT, Action.RETRY, "timeout"),
         (Reply(503), Action.RETRY, "server_error"),
         (Reply(500), Action.RETRY, "server_error"),

@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from tests.asgi import uvicorn_serving
 from tests.conftest import Sidecar, Tool, completion, scripted
-from tests.wire import Wire, mcp_client, orders_failing_once
+from tests.wire import Wire, mcp_client, orders_failing_once, own_error
 
 PER_TRY_MS = 1000  # every slow tool below takes longer than this
 SLOW_S = 2.2  # longer than the per-try timeout and the default inspection window (2 s)
@@ -38,11 +38,11 @@ GAVE_UP = {"exhausted", "not-retryable", "budget-exhausted", "deadline", "unreac
 def assert_maybe_delivered(status: int, headers: Any, body: bytes, code: str) -> None:
     """The sidecar's own answer for a call it sent once and will not send again."""
     expected_status = {"UPSTREAM_TIMEOUT": 504, "UPSTREAM_RESET": 502}[code]
-    assert (status, headers["X-Sidecar-Attempts"]) == (expected_status, "1")
-    error = orjson.loads(body)["error"]
-    assert error["code"] == code
-    assert error["details"].get("delivered") == "maybe"
-    assert error["details"]["source"] == "sidecar"
+    error = own_error(status, body)
+    assert (error.status, headers["X-Sidecar-Attempts"]) == (expected_status, "1")
+    assert error.code == code
+    assert error.details.get("delivered") == "maybe"
+    assert error.details["source"] == "sidecar"
     assert headers["X-Sidecar-Outcome"] in GAVE_UP
     assert headers["x-should-retry"] == "false"
 
@@ -133,12 +133,14 @@ async def test_mcp_json_response_tool_slower_than_per_try_runs_once_and_the_agen
         ) as (client, wire):
             await client.call_tool("transfer", {"amount": 100})
 
-    # The SDK surfaces the 504 as a JSON-RPC internal error without the sidecar's body.
+    # The SDK hands the call the sidecar's JSON-RPC error, its reason in ``data``.
     surfaced = [error for error in leaf_errors(raised.value) if isinstance(error, MCPError)]
-    assert [error.code for error in surfaced] == [-32603]
+    assert [(error.code, error.data["code"]) for error in surfaced] == [
+        (-32000, "UPSTREAM_TIMEOUT")
+    ]
     assert runs["transfer"] == 1
     [call] = wire.tool_calls()
-    assert_maybe_delivered(call.status, call.headers, call.error_body, "UPSTREAM_TIMEOUT")
+    assert_maybe_delivered(call.status, call.headers, call.body, "UPSTREAM_TIMEOUT")
 
 
 async def test_mcp_failing_tools_run_once(make_sidecar):

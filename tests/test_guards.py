@@ -138,7 +138,10 @@ async def test_past_max_in_flight_the_sidecar_refuses_with_its_own_envelope(
 
     assert refused.status == 503
     assert refused.headers["Retry-After"] == "1"
-    assert (await refused.json())["error"]["code"] == "SIDECAR_OVERLOADED"
+    refusal = (await refused.json())["error"]
+    assert refusal["code"] == "SIDECAR_OVERLOADED"
+    # Worth sending again shortly, in the body as in the headers.
+    assert refusal["retryable"] is True and "x-should-retry" not in refused.headers
     assert [response.status for response in admitted] == [200, 200]
     assert len(tool.seen) == 2
     assert (

@@ -174,8 +174,9 @@ async def test_a_session_s_probe_answered_400_is_counted_answered_and_keeps_its_
     make_tool, make_sidecar, aiohttp_client
 ):
     """An MCP SDK's first call, ``server/discover``, answered 400 by a server that does not
-    serve it, then a successful call: nothing gave up. A 503 the sidecar spent its retries on
-    still did."""
+    serve it, then a successful call: nothing gave up, and the probe's refusal is its answer
+    (``ok``; 0.5 counted it ``not-retryable``). A 503 the sidecar spent its retries on still
+    gave up."""
 
     async def mcp_server(request: web.Request) -> web.Response:
         method = (await request.json()).get("method")
@@ -202,20 +203,16 @@ async def test_a_session_s_probe_answered_400_is_counted_answered_and_keeps_its_
     counts = by_name(state)["default"]
     assert {key: counts[key] for key in ("calls", "ok", "recovered", "answered", "gave_up")} == {
         "calls": 3,
-        "ok": 1,
+        "ok": 2,
         "recovered": 0,
-        "answered": 1,
+        "answered": 0,
         "gave_up": 1,
     }
-    exhausted, answered = state["calls"]
-    assert (answered["outcome"], answered["answered"], answered["status"]) == (
-        "not-retryable",
-        True,
-        400,
-    )
+    [exhausted] = state["calls"]
     assert (exhausted["outcome"], exhausted["answered"]) == ("exhausted", False)
     requests = "sidecar_requests_total"
-    assert sidecar.metric(requests, route="default", method="POST", outcome="not-retryable") == 1
+    assert sidecar.metric(requests, route="default", method="POST", outcome="ok") == 2
+    assert sidecar.metric(requests, route="default", method="POST", outcome="not-retryable") == 0
 
 
 async def test_each_tool_shows_its_circuit_an_open_one_first_with_the_time_to_its_probe(

@@ -314,6 +314,14 @@ async def test_a_plain_not_retryable_answer_is_no_failed_recovery(make_tool, mak
         assert (await sidecar.client.get("/")).status == 403
 
     assert events_named(logs, "recovery_failed") == []
+    # Still one line says how it ended: 0.5 wrote none at info.
+    [done] = events_named(logs, "request_done")
+    assert (done["log_level"], done["outcome"], done["status"], done["trail"]) == (
+        "info",
+        "not-retryable",
+        403,
+        "403",
+    )
 
 
 def test_circuit_refusals_are_one_line_per_interval_with_their_count():
@@ -339,6 +347,8 @@ def test_circuit_refusals_are_one_line_per_interval_with_their_count():
     ]
     assert refusals == [("weather", 1), ("search", 1), ("weather", 500), ("weather", 3)]
     assert events_named(logs, "recovery_failed") == []
+    # The refusals' own lines say it: none of a line each at info.
+    assert [e for e in events_named(logs, "request_done") if e["log_level"] == "info"] == []
 
 
 @pytest.mark.parametrize(

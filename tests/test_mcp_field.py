@@ -7,15 +7,20 @@ needs resumable streams.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
+from mcp import MCPError
 from mcp.server.mcpserver import MCPServer
+from structlog.testing import capture_logs
 
 from tests.asgi import uvicorn_serving
+from tests.wire import Wire, mcp_client
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -80,3 +85,56 @@ async def test_a_route_that_rewrites_host_names_the_tool(make_sidecar):
         )
 
     assert answer.status == 200
+
+
+async def test_a_call_the_sidecar_gives_up_on_fails_alone_and_the_session_goes_on(make_sidecar):
+    """The tool outlives the per-try timeout on a call not safe to send twice: the client gets
+    the sidecar's JSON-RPC error for that call (``data`` says why) and its session serves the
+    next call."""
+    server = MCPServer("slow")
+
+    @server.tool()
+    async def transfer(amount: int) -> str:
+        await asyncio.sleep(1 if amount > 100 else 0)
+        return f"sent {amount}"
+
+    app = server.streamable_http_app(json_response=True)
+    async with uvicorn_serving(app) as url:
+        sidecar = await make_sidecar(url, per_try_timeout_ms=300)
+        wire = Wire()
+        async with mcp_client(str(sidecar.client.make_url("/mcp")), wire, mode="legacy") as client:
+            with pytest.raises(MCPError) as gave_up:
+                await client.call_tool("transfer", {"amount": 500})
+            after = await client.call_tool("transfer", {"amount": 5})
+
+    assert gave_up.value.code == -32000
+    assert gave_up.value.data["code"] == "UPSTREAM_TIMEOUT"
+    assert gave_up.value.data["delivered"] == "maybe"
+    assert after.content[0].text == "sent 5"
+    first, second = wire.tool_calls()
+    assert (first.status, first.headers["X-Sidecar-Outcome"]) == (200, "not-retryable")
+    assert second.headers["X-Sidecar-Outcome"] == "ok"
+
+
+async def test_a_2025_servers_refusal_of_the_version_probe_is_its_answer_not_a_failure(
+    make_tool, make_sidecar
+):
+    """pydantic-ai and the SDK's ``auto`` mode open with ``server/discover``; a 2025 server
+    answers 400 and the client speaks 2025. That is the probe's answer: ``ok``, no line."""
+
+    async def legacy(request: web.Request) -> web.Response:
+        refusal = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": "Bad"}}
+        return web.json_response(refusal, status=400)
+
+    sidecar = await make_sidecar(await make_tool(legacy))
+    probe = {"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {}}
+
+    with capture_logs() as logs:
+        answer = await sidecar.client.post("/mcp", json=probe, headers=MCP_HEADERS)
+        tools_list = await sidecar.client.post(
+            "/mcp", json={**probe, "method": "tools/list"}, headers=MCP_HEADERS
+        )
+
+    assert (answer.status, answer.headers["X-Sidecar-Outcome"]) == (400, "ok")
+    assert (tools_list.status, tools_list.headers["X-Sidecar-Outcome"]) == (400, "not-retryable")
+    assert [line["trail"] for line in logs if line["log_level"] == "info"] == ["400"]

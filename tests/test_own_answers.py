@@ -8,6 +8,7 @@ import json
 import pytest
 from aiohttp import web
 
+from tests.conftest import unused_port
 from tests.rawhttp import raw_exchange
 
 SECRET = b"sk-live-0123456789"
@@ -126,3 +127,53 @@ async def test_no_route_and_overload_answers_carry_the_report(make_tool, make_si
         assert answer.headers["X-Sidecar-Outcome"] == "not-retryable"
         assert answer.headers["X-Sidecar-Trail"] == "no_route"
         assert "Server" not in answer.headers
+
+
+RPC_CALL = {"jsonrpc": "2.0", "id": "call-7", "method": "tools/call", "params": {"name": "x"}}
+
+
+async def test_an_mcp_request_the_sidecar_gives_up_on_gets_a_json_rpc_error_for_its_id(
+    make_sidecar,
+):
+    """An MCP client reads an HTTP error status as a broken transport, which may end its
+    session; a JSON-RPC error for the call's id is that one call's answer."""
+    sidecar = await make_sidecar(f"http://127.0.0.1:{unused_port()}", max_retries=1)
+
+    answer = await sidecar.client.post("/mcp", json=RPC_CALL)
+
+    assert answer.status == 200
+    assert answer.headers["Content-Type"] == "application/json"
+    assert answer.headers["X-Sidecar-Outcome"] == "unreachable"
+    assert answer.headers["x-should-retry"] == "false"
+    body = await answer.json()
+    assert (body["jsonrpc"], body["id"], body["error"]["code"]) == ("2.0", "call-7", -32000)
+    assert body["error"]["message"] == "could not connect to the tool"
+    assert body["error"]["data"] == {
+        "status": 503,
+        "code": "UPSTREAM_UNREACHABLE",
+        "category": "SERVICE_ERROR",
+        "retryable": False,
+        "reason": "connect_error",
+        "source": "sidecar",
+    }
+
+
+async def test_a_json_rpc_notification_keeps_the_envelope_and_its_status(make_sidecar):
+    """A notification has no id to answer: MCP asks for an HTTP error status then."""
+    sidecar = await make_sidecar(f"http://127.0.0.1:{unused_port()}", max_retries=0)
+
+    notification = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    answer = await sidecar.client.post("/mcp", json=notification)
+
+    assert answer.status == 503
+    assert (await answer.json())["error"]["code"] == "UPSTREAM_UNREACHABLE"
+
+
+async def test_the_body_says_retryable_false_when_the_header_says_no_retry(make_sidecar):
+    """0.5's answers said ``x-should-retry: false`` and ``"retryable": true`` at once."""
+    sidecar = await make_sidecar(f"http://127.0.0.1:{unused_port()}", max_retries=0)
+
+    gave_up = await sidecar.client.post("/x", json={})
+
+    assert (gave_up.status, gave_up.headers["x-should-retry"]) == (503, "false")
+    assert (await gave_up.json())["error"]["retryable"] is False

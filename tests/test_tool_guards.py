@@ -10,6 +10,7 @@ from structlog.testing import capture_logs
 
 from sidecar.retry.guards.tools import MAX_TOOLS_PER_ROUTE, OVERFLOW_TOOL
 from tests.conftest import FakeClock
+from tests.wire import own_error
 
 GUARDED = {
     "max_retries": 0,
@@ -96,7 +97,9 @@ async def test_each_mcp_tool_on_one_path_has_its_own_circuit(make_tool, make_sid
     refused = await sidecar.client.post("/mcp", json=rpc_call("search", 9))
     answered = await sidecar.client.post("/mcp", json=rpc_call("calculator", 10))
 
-    assert (await refused.json())["error"]["details"]["tool"] == "search"
+    circuit_open = own_error(refused.status, await refused.read())
+    assert (circuit_open.status, circuit_open.code) == (503, "CIRCUIT_OPEN")
+    assert circuit_open.details["tool"] == "search"
     assert answered.status == 200
     assert (await answered.json())["result"]["content"][0]["text"] == "4"
     names = [json.loads(seen.body)["params"]["name"] for seen in tool.seen]

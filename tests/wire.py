@@ -29,7 +29,7 @@ class Exchange:
     rpc_method: str | None  # the JSON-RPC method the POST carried, if it was JSON-RPC
     status: int
     headers: httpx2.Headers
-    error_body: bytes  # the body of an error status; streams are left to the SDK
+    body: bytes  # the body of an error status or a JSON answer; streams are left to the SDK
 
 
 class Wire:
@@ -47,7 +47,8 @@ class Wire:
             return
         sent = orjson.loads(request.content) if request.content else None
         rpc_method = sent.get("method") if isinstance(sent, dict) else None
-        body = await response.aread() if response.status_code >= 400 else b""
+        is_json = response.headers.get("content-type", "").startswith("application/json")
+        body = await response.aread() if response.status_code >= 400 or is_json else b""
         self.exchanges.append(Exchange(rpc_method, response.status_code, response.headers, body))
 
     def tool_calls(self) -> list[Exchange]:
@@ -90,3 +91,26 @@ def orders_failing_once(name: str) -> tuple[MCPServer, Counter[str]]:
         return failing_first_time("cancel_order", None)
 
     return server, runs
+
+
+@dataclass
+class OwnError:
+    """An answer of the sidecar's own, read the same whether it came as the envelope or, to
+    a JSON-RPC request, as a JSON-RPC error (``status`` is then the one it stands for)."""
+
+    status: int
+    code: str
+    retryable: bool
+    details: dict[str, str]
+
+
+def own_error(status: int, body: bytes) -> OwnError:
+    document = orjson.loads(body)
+    if "jsonrpc" in document:
+        assert status == 200 and document["error"]["code"] == -32000, document
+        data = dict(document["error"]["data"])
+        meant, code = data.pop("status"), data.pop("code")
+        data.pop("category")
+        return OwnError(meant, code, data.pop("retryable"), data)
+    error = document["error"]
+    return OwnError(status, error["code"], error["retryable"], error["details"])

@@ -9,7 +9,7 @@ from dataclasses import replace
 from sidecar.ids import idempotency_key
 from sidecar.outcomes import AttemptError
 from sidecar.repair.payload import Payload
-from sidecar.retry.classify import Action, classify
+from sidecar.retry.classify import Action, Verdict, classify
 from sidecar.retry.replay import McpToolHints
 from sidecar.retry.steps import Attempt, Send
 from sidecar.retry.waits import requested_wait
@@ -23,10 +23,13 @@ def judge(
     result: Answer | AttemptError | Malformed,
     retry_on_status: frozenset[int],
     tools: McpToolHints | None = None,
+    *,
+    probe: bool = False,
 ) -> tuple[Attempt, Answer | None]:
     """Read one attempt's answer (its envelope, when its body was read) into a verdict; the
     record, and the tool's answer when there is one. ``tools`` learns which tools a
-    relayed ``tools/list`` result marks safe to repeat."""
+    relayed ``tools/list`` result marks safe to repeat; a ``probe`` of the protocol version
+    refused with a 4xx got the answer it asked for."""
     if isinstance(result, Malformed):
         error = AttemptError.MALFORMED
         verdict = classify(error, retry_on_status)
@@ -38,6 +41,8 @@ def judge(
     lost = lost_after_delivery(result.status, headers, text, tool_envelope=failure is not None)
     reply = Reply(result.status, failure, text, lost)
     verdict = classify(reply, retry_on_status)
+    if probe and 400 <= result.status < 500 and result.status not in _NOT_AN_ANSWER_TO_A_PROBE:
+        verdict = _PROBE_ANSWERED
     if result.slow:
         # The tool answered; only its body is slow. Sending the call again could run
         # it twice, so this answer is the one the agent gets.
@@ -57,6 +62,11 @@ def judge(
         copy, str(result.status), verdict, reply, None, None, requested_s, path_scoped, result.slow
     )
     return attempt, result
+
+
+# A probe refused for these was not told which revision to speak: the usual verdicts apply.
+_NOT_AN_ANSWER_TO_A_PROBE = frozenset({401, 403, 429})
+_PROBE_ANSWERED = Verdict(Action.DONE, "success")
 
 
 def carrying(request: UpstreamRequest, payload: Payload | None, key_header: str) -> UpstreamRequest:

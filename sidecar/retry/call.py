@@ -12,7 +12,7 @@ from sidecar.retry.controls import RequestControls
 from sidecar.retry.guards.route import RouteGuards
 from sidecar.retry.guards.tools import ToolGuards, tool_of
 from sidecar.retry.policy import Limits
-from sidecar.retry.replay import Rpc, mcp_call, mcp_safe, safe_to_repeat
+from sidecar.retry.replay import VERSION_PROBES, Rpc, mcp_call, mcp_safe, safe_to_repeat
 from sidecar.retry.steps import Terms
 from sidecar.transport.exchange import UpstreamRequest
 
@@ -35,6 +35,7 @@ class Call:
     safe_to_repeat: bool
     tool: str  # whose circuit and cooldowns it goes by ("": the whole route's)
     lists_tools: bool  # an MCP ``tools/list``: its result says which tools are safe to repeat
+    probe: bool  # a protocol version probe: a 4xx is its answer, not the tool's failure
 
 
 def describe(
@@ -64,7 +65,8 @@ def describe(
         request = replace(request, rpc_id=rpc.id)
     tool = tool_of(scope, path, template, rpc)
     lists = rpc is not None and rpc[0] == "tools/list"
-    return Call(request, path, rpc, own_key, safe, tool, lists)
+    probe = rpc is not None and rpc[0] in VERSION_PROBES
+    return Call(request, path, rpc, own_key, safe, tool, lists, probe)
 
 
 def terms_of(

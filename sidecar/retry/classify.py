@@ -20,9 +20,9 @@ class Action(enum.Enum):
 @dataclass(frozen=True, slots=True)
 class Verdict:
     action: Action
-    # Why: ``success``, ``server_error``, ``rate_limited``, ``connect_error``, ``timeout``,
-    # ``validation``, ``retryable_envelope``, ``auth``, ``not_retryable``, ``overloaded``,
-    # ``malformed``.
+    # Why: ``success``, ``server_error``, ``rate_limited``, ``connect_error``, ``reset``,
+    # ``timeout``, ``validation``, ``retryable_envelope``, ``auth``, ``not_retryable``,
+    # ``overloaded``, ``malformed``.
     reason: str
     # The tool looks unhealthy (no answer, or a status in RETRY_ON_STATUS that did not say
     # it must not be retried): what the circuit breaker counts.
@@ -44,7 +44,7 @@ def classify(result: Reply | AttemptError, retry_on_status: Collection[int]) -> 
             # The tool ran the call and answered; what it said cannot be passed on or
             # trusted, and asking again could run the call twice.
             return Verdict(Action.DONE, "malformed", is_failure=True)
-        reason = "timeout" if result is AttemptError.TIMEOUT else "connect_error"
+        reason = _ERROR_REASON[result]
         return Verdict(Action.RETRY, reason, is_failure=True, only_if_safe=result.delivered)
 
     failure = result.failure
@@ -84,6 +84,16 @@ def classify(result: Reply | AttemptError, retry_on_status: Collection[int]) -> 
         if failure is not None and failure.retryable is True:
             return Verdict(Action.REPAIR, "retryable_envelope")
     return Verdict(Action.DONE, "not_retryable", is_failure=is_failure)
+
+
+# ``connect_error``: nothing reached the tool; ``reset``: the call did, then the connection
+# broke before its answer.
+_ERROR_REASON = {
+    AttemptError.CONNECT: "connect_error",
+    AttemptError.CONNECT_TIMEOUT: "connect_error",
+    AttemptError.TIMEOUT: "timeout",
+    AttemptError.RESET: "reset",
+}
 
 
 def _status_for_envelope(failure: ToolFailure) -> int:

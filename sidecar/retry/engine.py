@@ -109,6 +109,7 @@ class _Run:
         call = describe(route, request, payload, guards, engine.repairs.path_template)
         self.path, self.own_key = call.path, call.own_key
         self.tools = guards.mcp_tools if call.lists_tools else None
+        self.probe = call.probe
         self.request, self.payload = call.request, payload
         terms, self.tool_guards = terms_of(route, controls, call, guards, engine.clock())
         self.tool = terms.tool
@@ -163,7 +164,9 @@ class _Run:
             if isinstance(sent, Response)
             else sent
         )
-        attempt, answer = judge(copy, result, self.tuning.retry_on_status, self.tools)
+        attempt, answer = judge(
+            copy, result, self.tuning.retry_on_status, self.tools, probe=self.probe
+        )
         elapsed_s, reply = self.engine.clock() - copy.started, attempt.reply
         failure = reply.failure if reply is not None else None
         self.hooks.attempt_finished(self.route, copy.number, attempt.label, elapsed_s, failure)

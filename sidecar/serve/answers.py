@@ -4,7 +4,9 @@ When no upstream answer exists, the sidecar answers in the GoMind ToolResponse e
 (a ``SidecarError``); its ``details`` values are strings and carry ``"source":
 "sidecar"`` so an agent can tell it from the tool's own words. Each is a ``AgentReply``, which
 goes out with exactly the headers given plus what HTTP itself requires
-(``agentwire.answer_head``).
+(``agentwire.answer_head``). To a JSON-RPC request (an MCP client's) the same answer goes as
+a JSON-RPC error for its id (``in_json_rpc``), which a client hands to the call that made it
+instead of failing its transport.
 """
 
 from __future__ import annotations
@@ -94,19 +96,52 @@ def error_response(
     """The sidecar's own answer in the ToolResponse envelope."""
     detail_strings = {key: str(value) for key, value in (details or {}).items()}
     detail_strings["source"] = "sidecar"
+    answer_headers = CIMultiDict(headers or {})
+    answer_headers["Content-Type"] = "application/json"
     body = {
         "success": False,
         "error": {
             "code": error.code,
             "message": message,
             "category": error.category,
-            "retryable": error.retryable,
+            # The body says what the header says: once the sidecar gave up, sending the same
+            # call again is not the agent's next step either.
+            "retryable": error.retryable and answer_headers.get("x-should-retry") != "false",
             "details": detail_strings,
         },
     }
-    answer_headers = CIMultiDict(headers or {})
-    answer_headers["Content-Type"] = "application/json"
     return AgentReply(error.status, headers=answer_headers, body=orjson.dumps(body))
+
+
+# JSON-RPC's "server error" range is the implementation's (-32000 to -32099): the sidecar's
+# own answers take its first code, so a client tells them from the tool's.
+SIDECAR_RPC_ERROR = -32000
+
+
+def in_json_rpc(reply: AgentReply, rpc_id: bytes) -> AgentReply:
+    """The sidecar's own envelope answer ``reply`` as a JSON-RPC error for the request whose
+    id (as JSON text) is ``rpc_id``: status 200 and the envelope's facts in ``data``, with the
+    status it stands for and any wait (``Retry-After``, which stays a header too).
+
+    An MCP client reads a JSON-RPC error as the answer to that one call; an HTTP error
+    status is, to most clients, a broken transport that ends the session. The report headers
+    stay as they are."""
+    envelope = orjson.loads(reply.body)["error"]
+    data: dict[str, object] = {
+        "status": reply.status,
+        "code": envelope["code"],
+        "category": envelope["category"],
+        "retryable": envelope["retryable"],
+        **envelope["details"],
+    }
+    retry_after = reply.headers.get("Retry-After")
+    if retry_after is not None:
+        data["retry_after_s"] = retry_after
+    error = orjson.dumps({"code": SIDECAR_RPC_ERROR, "message": envelope["message"], "data": data})
+    body = b'{"jsonrpc":"2.0","id":' + rpc_id + b',"error":' + error + b"}"
+    answer = AgentReply(200, headers=CIMultiDict(reply.headers), body=body)
+    answer.keep_alive = reply.keep_alive
+    return answer
 
 
 def attempt_error_response(

@@ -17,6 +17,7 @@ from sidecar.repair.payload import Payload
 from sidecar.retry.cancel import InFlight
 from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
+from sidecar.retry.replay import mcp_call
 from sidecar.retry.steps import Result
 from sidecar.serve import answers
 from sidecar.serve.agentwire import AgentReply, AgentRequest
@@ -44,6 +45,15 @@ class _Call:
     outcome: str = Outcome.NOT_RETRYABLE
     attempts: int = 0
     trail: str = ""
+    body: bytes | None = None  # the agent's body, once read whole
+
+    def own(self, reply: AgentReply) -> AgentReply:
+        """``reply``, an answer of the sidecar's own, in the protocol of the request: a
+        JSON-RPC request (an MCP client's) gets a JSON-RPC error for its id."""
+        rpc = mcp_call(self.body) if self.body else None
+        if rpc is None or rpc.id is None:
+            return reply
+        return answers.in_json_rpc(reply, rpc.id)
 
     def elapsed_s(self) -> float:
         return 0.0 if self.started is None else time.monotonic() - self.started
@@ -174,8 +184,10 @@ class Proxy:
             if not self._draining:
                 raise
             task.uncancel()
-            response = answers.shutdown_response(
-                answers.report_headers(Outcome.DEADLINE, "shutdown", attempts=None)
+            response = call.own(
+                answers.shutdown_response(
+                    answers.report_headers(Outcome.DEADLINE, "shutdown", attempts=None)
+                )
             )
             call.status = response.status
             return response
@@ -201,14 +213,18 @@ class Proxy:
             body = await self._intake.read(request, route.tuning.max_body_bytes)
         except answers.Refusal as refusal:
             return self._refused_body(refusal, call)
+        if isinstance(body, bytes):
+            call.body = body
         # Only a request whose body is in (or, streamed, its first part) takes a slot of the
         # in-flight limit: 2,100 uploads trickling in held all 2,048 slots for the client
         # timeout, and every other agent got 503 meanwhile.
         if self._max_in_flight and self._sending >= self._max_in_flight:
             self._hooks.sidecar_overloaded(route.name, "max_in_flight")
             call.outcome, call.status = Outcome.OVERLOADED, 503
-            return answers.overloaded_response(
-                self._max_in_flight, answers.own_report(answers.SIDECAR_OVERLOADED)
+            return call.own(
+                answers.overloaded_response(
+                    self._max_in_flight, answers.own_report(answers.SIDECAR_OVERLOADED)
+                )
             )
         self._sending += 1
         try:
@@ -253,7 +269,7 @@ class Proxy:
             ending = self._streams_end if request.method == "GET" else None
             return await relay(request, result.answer, _report(result), ending)
         streamed = body if isinstance(body, StreamedBody) else None
-        response = self._answer_of_our_own(call.route, result, streamed)
+        response = call.own(self._answer_of_our_own(call.route, result, streamed))
         call.status = response.status
         return response
 

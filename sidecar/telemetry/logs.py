@@ -195,32 +195,22 @@ class LogSink(Sink):
             self.log.warning("circuit_refusals", route=route, **named, count=count)
 
     def request_finished(self, event: RequestFinished) -> None:
-        attempts, outcome, trail = event.attempts, event.outcome, event.trail
-        # A request that was never tried (a refusal) did not try to recover either.
-        tried_to_recover = attempts > 1 or trail.endswith("repair=none")
-        recovery: str | None = None
-        if outcome == "recovered":
-            recovery = "recovery_succeeded"
-        elif (
-            attempts
-            and outcome in GAVE_UP
-            # "not-retryable" on a first answer is the tool's verdict, not a failed recovery.
-            and (outcome != Outcome.NOT_RETRYABLE or tried_to_recover)
-        ):
-            recovery = "recovery_failed"
+        line = _line_at_info(event.outcome, event.attempts, event.trail)
         log = self.log.bind()
-        if recovery is None and not self._access_log and not log.is_enabled_for(logging.DEBUG):
+        if line is None and not self._access_log and not log.is_enabled_for(logging.DEBUG):
             return
         fields = {
             "route": event.route,
             "method": event.method,
-            "outcome": outcome,
+            "outcome": event.outcome,
             "status": event.status,
-            "attempt": attempts,
+            "attempt": event.attempts,
             "duration_ms": round(event.duration_s * 1000, 1),
         }
-        if recovery is not None:
-            log.info(recovery, trail=trail, **fields)
+        if line is not None:
+            log.info(line, trail=event.trail, **fields)
+            if line == "request_done":
+                return
         emit = log.info if self._access_log else log.debug
         emit("request_done", **fields)
 
@@ -232,6 +222,25 @@ class LogSink(Sink):
         failed look-up before ``__getattr__`` (~1 µs against 0.3)."""
         log = self.log.bind()
         return log if log.is_enabled_for(logging.DEBUG) else None
+
+
+def _line_at_info(outcome: str, attempts: int, trail: str) -> str | None:
+    """The line a request's end writes at info, whatever the access log says: how a
+    recovery ended, or for any other end but success ``request_done`` with its trail (the
+    tool's verdict on a first answer, a refusal of the sidecar's own). The circuit's and the
+    overload's refusals have throttled lines of their own, and write none each."""
+    if outcome == Outcome.RECOVERED:
+        return "recovery_succeeded"
+    # A request that was never tried (a refusal) did not try to recover either, and
+    # "not-retryable" on a first answer is the tool's verdict, not a failed recovery.
+    tried_to_recover = attempts > 1 or trail.endswith("repair=none")
+    if attempts and outcome in GAVE_UP and (outcome != Outcome.NOT_RETRYABLE or tried_to_recover):
+        return "recovery_failed"
+    if outcome in (Outcome.OK, Outcome.OVERLOADED):
+        return None
+    if not attempts and outcome == Outcome.UNREACHABLE:
+        return None  # the open circuit's refusal
+    return "request_done"
 
 
 def _status_of(label: str) -> int | None:
