@@ -190,7 +190,8 @@ class Outcome:
         if self.failed:
             return f"**fail** ({len(self.failed)} of {len(self.checks)} checks{warnings})"
         if all(check.get("status") == "SKIPPED" for check in self.checks):
-            return f"not applicable (all {len(self.checks)} checks skipped)"
+            skipped = len(self.checks)
+            return f"not applicable ({skipped} check{'s' * (skipped != 1)} skipped)"
         return f"pass{f' ({warnings[2:]})' if warnings else ''}"
 
     def verdicts(self) -> dict[str, str]:
