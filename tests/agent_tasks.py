@@ -13,6 +13,8 @@ A task succeeded when the run finished and every tool answer is the right one; a
 twice answers "Stopped…" and fails its task. Task *n* draws its calls from its own seed
 (``seed`` + *n*); the tasks with an even *n* are one half of the set, the odd ones the other,
 so that settings tuned on the even half can be judged on the odd one, held out.
+bench/agent_clients.py runs the same tasks with the TypeScript SDK's client and pydantic-ai's,
+judged by ``judged`` alike.
 """
 
 from __future__ import annotations
