@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from sidecar.serve.app import PROXY
-from sidecar.serve.sse import EventBoundary, is_event_stream
+from sidecar.tool.eventstream import EventScanner, is_event_stream
 from tests.processes import sidecar_process
 
 
@@ -35,10 +35,10 @@ from tests.processes import sidecar_process
     ],
 )
 def test_where_an_event_stream_may_end(chunks, at_boundary):
-    boundary = EventBoundary()
+    scanner = EventScanner(keep_data=False)
     for chunk in chunks:
-        boundary.feed(chunk)
-    assert boundary.at_boundary is at_boundary
+        scanner.feed(chunk)
+    assert scanner.at_boundary is at_boundary
 
 
 @pytest.mark.parametrize(
@@ -133,3 +133,43 @@ async def test_a_stream_in_the_middle_of_an_event_at_drain_ends_after_that_event
     await asyncio.wait_for(draining, 5)
 
     assert rest == b"\n"
+
+
+async def test_at_drain_a_listen_stream_ends_and_a_call_still_owed_its_answer_finishes(
+    make_tool, make_sidecar
+):
+    """MCP 2026-07-28: a ``subscriptions/listen`` stream outlives its request, as a 2025
+    ``GET`` stream does, and ends after its acknowledgment once the drain begins; a call's
+    stream that showed progress and still owes its answer is let finish."""
+    answer_now = asyncio.Event()
+    ack = b'data: {"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged"}\n\n'
+    progress = b'data: {"jsonrpc":"2.0","method":"notifications/progress","params":{}}\n\n'
+    result = b'data: {"jsonrpc":"2.0","id":2,"result":{}}\n\n'
+
+    async def mcp(request: web.Request) -> web.StreamResponse:
+        method = (await request.json())["method"]
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        await stream.write(ack if method == "subscriptions/listen" else progress)
+        await answer_now.wait()
+        await stream.write(b"" if method == "subscriptions/listen" else result)
+        await asyncio.sleep(60)  # neither ends its stream by itself
+        return stream
+
+    sidecar = await make_sidecar(await make_tool(mcp))
+    listen = await sidecar.client.post(
+        "/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "subscriptions/listen"}
+    )
+    call = await sidecar.client.post(
+        "/mcp", json={"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
+    )
+    assert await listen.content.readuntil(b"\n\n") == ack
+    assert await call.content.readuntil(b"\n\n") == progress
+    draining = asyncio.create_task(sidecar.app[PROXY].drain(30))
+
+    assert await asyncio.wait_for(listen.read(), 5) == b""  # ended, with its last chunk
+    assert not draining.done()  # the call still waits for its answer
+    answer_now.set()
+    assert await asyncio.wait_for(call.content.readuntil(b"\n\n"), 5) == result
+    assert await asyncio.wait_for(call.read(), 5) == b""  # answered: it ends with the drain
+    await asyncio.wait_for(draining, 5)

@@ -161,3 +161,55 @@ def test_a_stream_fed_byte_by_byte_is_answered_at_the_answer_s_last_line_end():
     found = [reader.feed(stream[i : i + 1]) for i in range(len(stream))]
     assert found[-2] == RESULT
     assert found[:-2] + found[-1:] == [None] * (len(stream) - 1)
+
+
+# --- what resuming a stream needs: the last id, where the last event ended, liveness -------
+
+PRIMED = b"id: s1-1\r\ndata: \r\n\r\n"
+PROGRESS = rpc({"method": "notifications/progress", "params": {"progress": 1}})
+
+
+@pytest.mark.parametrize(
+    ("stream", "last_event_id", "boundary", "events"),
+    [
+        (b"", None, 0, 0),
+        (PRIMED, b"s1-1", len(PRIMED), 1),  # the priming event: an id, no data
+        (PRIMED + b"id: s1-2\r\ndata: {}", b"s1-1", len(PRIMED), 1),  # an event under way
+        (PRIMED + b"id: s1-2\r\ndata: {}\r\n\r\n", b"s1-2", len(PRIMED) + 22, 2),
+        (b": ping\n\n", None, 8, 1),  # a comment shows the server is there
+        (b"id: 7\n\ndata: x\n\n", b"7", 16, 2),  # an id stays the stream's until changed
+        (b"id: 7\n\nid\n\n", b"", 11, 2),  # an empty id resets it
+        (b"id: 7\n\nid: a\0b\n\n", b"7", 16, 2),  # an id holding NUL is ignored
+        (b"\n\n\n", None, 3, 0),  # blank lines end no event
+        (b"id: 9\r", None, 0, 0),  # a line ended, the event not
+    ],
+    ids=lambda value: repr(value)[:40],
+)
+def test_where_the_last_whole_event_ended_and_its_id(stream, last_event_id, boundary, events):
+    for cut in range(len(stream) + 1):
+        scanner = EventScanner(keep_data=False)
+        scanner.feed(stream[:cut])
+        scanner.feed(stream[cut:])
+        assert (scanner.last_event_id, scanner.boundary, scanner.events) == (
+            last_event_id,
+            boundary,
+            events,
+        ), cut
+
+
+def test_a_notification_before_the_answer_shows_the_call_alive_and_a_priming_event_does_not():
+    primed = AnswerReader(ID_3, 65536)
+    assert primed.feed(PRIMED + b": ping\r\n\r\n") is None
+    assert not primed.alive
+    assert primed.feed(PROGRESS) is None
+    assert primed.alive
+    assert primed.feed(rpc({"id": 3, "result": {}})) is not None
+
+
+def test_past_its_limit_a_reader_still_follows_ids_and_boundaries_but_keeps_no_data():
+    reader = AnswerReader(ID_3, len(PRIMED))
+    assert reader.feed(PRIMED + b"id: s1-2\r\ndata: " + b"x" * 1000 + b"\r\n\r\n") is None
+    assert reader.exhausted
+    assert reader.scanner.last_event_id == b"s1-2"
+    assert reader.feed(rpc({"id": 3, "result": {}})) is None  # not looked for past the limit
+    assert reader.scanner.at_boundary

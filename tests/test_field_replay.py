@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from tests.asgi import uvicorn_serving
 from tests.conftest import Sidecar, Tool, completion, scripted
-from tests.wire import Wire, mcp_client, orders_failing_once, own_error
+from tests.wire import Wire, leaf_errors, mcp_client, orders_failing_once, own_error
 
 PER_TRY_MS = 1000  # every slow tool below takes longer than this
 SLOW_S = 2.2  # longer than the per-try timeout and the default inspection window (2 s)
@@ -45,13 +45,6 @@ def assert_maybe_delivered(status: int, headers: Any, body: bytes, code: str) ->
     assert error.details["source"] == "sidecar"
     assert headers["X-Sidecar-Outcome"] in GAVE_UP
     assert headers["x-should-retry"] == "false"
-
-
-def leaf_errors(error: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups, as the SDK's task groups raise them."""
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in leaf_errors(inner)]
-    return [error]
 
 
 # --- the MCP SDK: its server as the tool, its streamable-HTTP client as the agent ----------
@@ -76,7 +69,7 @@ async def mcp_agent(
 
 @pytest.mark.parametrize(
     ("mode", "reports_progress", "seconds"),
-    [("legacy", False, SLOW_S), ("auto", True, 1.2)],
+    [("legacy", False, SLOW_S), ("auto", True, 2.4)],
     ids=["handshake-era-sse", "2026-sse-with-progress"],
 )
 async def test_mcp_slow_tool_streamed_as_sse_runs_once_and_its_result_arrives(
@@ -84,16 +77,20 @@ async def test_mcp_slow_tool_streamed_as_sse_runs_once_and_its_result_arrives(
 ):
     """The SSE head comes at once (on the 2026 protocol only once the tool reports
     progress); the result only when the tool is done, past the per-try timeout and the
-    inspection window. The head commits the attempt: one run, and the agent gets its result."""
+    inspection window. The stream passed on commits the attempt: one run, and the agent gets
+    its result. A tool that reports progress lives on while it reports, each report within
+    the per-try timeout of the last."""
     runs: Counter[str] = Counter()
     server = MCPServer("field")
 
     @server.tool()
     async def settle(invoice: str, ctx: Context) -> str:
         runs["settle"] += 1
-        if reports_progress:
-            await ctx.report_progress(0, 1)
-        await anyio.sleep(seconds)
+        if not reports_progress:
+            await anyio.sleep(seconds)
+        for step in range(4 if reports_progress else 0):
+            await ctx.report_progress(step, 4)
+            await anyio.sleep(seconds / 4)
         return f"settled {invoice}"
 
     async def progress(*_: Any) -> None:

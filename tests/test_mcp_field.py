@@ -10,17 +10,25 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
+import anyio
 import orjson
 import pytest
 from aiohttp import web
 from mcp import MCPError
-from mcp.server.mcpserver import MCPServer
+from mcp.client.subscriptions import SubscriptionLost
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
+from mcp_types import ElicitResult, JSONRPCMessage
+from pydantic import BaseModel
 from structlog.testing import capture_logs
 
+from sidecar.serve.app import PROXY
 from tests.asgi import uvicorn_serving
-from tests.wire import Wire, mcp_client
+from tests.wire import Wire, leaf_errors, mcp_client
 
 INITIALIZE = {
     "jsonrpc": "2.0",
@@ -138,3 +146,263 @@ async def test_a_2025_servers_refusal_of_the_version_probe_is_its_answer_not_a_f
     assert (answer.status, answer.headers["X-Sidecar-Outcome"]) == (400, "ok")
     assert (tools_list.status, tools_list.headers["X-Sidecar-Outcome"]) == (400, "not-retryable")
     assert [line["trail"] for line in logs if line["log_level"] == "info"] == ["400"]
+
+
+# --- live streams: what comes before the answer goes to the agent as it comes --------------
+
+# Long enough that a stream held for the inspection window would hold the test to its bound.
+HOLD_MS = 60_000
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"], ids=["2025-11-25", "2026-07-28"])
+async def test_progress_reaches_the_client_while_the_tool_runs(make_sidecar, mode):
+    """The tool finishes only once the client has its progress: a stream held until the
+    answer (0.5, for up to the inspection window) would never let it."""
+    heard = asyncio.Event()
+    server = MCPServer("progress")
+
+    @server.tool()
+    async def crunch(ctx: Context) -> str:
+        await ctx.report_progress(1, 2)
+        await heard.wait()
+        return "crunched"
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        heard.set()
+
+    async with uvicorn_serving(server.streamable_http_app()) as url:
+        sidecar = await make_sidecar(url, inspect_timeout_ms=HOLD_MS)
+        wire = Wire()
+        async with mcp_client(str(sidecar.client.make_url("/mcp")), wire, mode=mode) as client:
+            with anyio.fail_after(10):
+                result = await client.call_tool("crunch", {}, progress_callback=on_progress)
+
+    assert result.content[0].text == "crunched"
+    [call] = wire.tool_calls()
+    assert (call.headers["X-Sidecar-Attempts"], call.headers["X-Sidecar-Outcome"]) == ("1", "ok")
+
+
+async def test_an_elicitation_reaches_the_client_while_the_tool_waits_for_it(make_sidecar):
+    """A 2025 server asks its client on the call's own stream; the client's answer is what
+    the tool waits for."""
+    server = MCPServer("asks")
+
+    class Confirm(BaseModel):
+        ok: bool
+
+    @server.tool()
+    async def transfer(amount: int, ctx: Context) -> str:
+        answer = await ctx.elicit(f"send {amount}?", Confirm)
+        return f"sent {amount}" if answer.action == "accept" and answer.data.ok else "kept"
+
+    async def confirm(context: Any, params: Any) -> ElicitResult:
+        return ElicitResult(action="accept", content={"ok": True})
+
+    async with uvicorn_serving(server.streamable_http_app()) as url:
+        sidecar = await make_sidecar(url, inspect_timeout_ms=HOLD_MS)
+        endpoint = str(sidecar.client.make_url("/mcp"))
+        async with mcp_client(
+            endpoint, Wire(), mode="legacy", elicitation_callback=confirm
+        ) as client:
+            with anyio.fail_after(10):
+                result = await client.call_tool("transfer", {"amount": 5})
+
+    assert result.content[0].text == "sent 5"
+
+
+async def test_a_call_silent_past_the_per_try_timeout_after_its_progress_is_ended(make_sidecar):
+    """Each event starts the per-try timer again; a tool silent for longer after its last
+    one is given up as a silent tool is: its stream ends after its last whole event, the
+    call runs once, and the client, whose server keeps no events to resume from, hears
+    the stream ended."""
+    runs = 0
+    release = asyncio.Event()
+    server = MCPServer("stalls")
+
+    @server.tool()
+    async def stall(ctx: Context) -> str:
+        nonlocal runs
+        runs += 1
+        await ctx.report_progress(1, 2)
+        await release.wait()
+        return "done"
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        pass
+
+    async with uvicorn_serving(server.streamable_http_app()) as url:
+        sidecar = await make_sidecar(url, per_try_timeout_ms=300)
+        wire = Wire()
+        with capture_logs() as logs:
+            async with mcp_client(
+                str(sidecar.client.make_url("/mcp")), wire, mode="legacy"
+            ) as client:
+                with anyio.fail_after(10), pytest.raises(MCPError, match="ended"):
+                    await client.call_tool("stall", {}, progress_callback=on_progress)
+                release.set()
+
+    assert runs == 1
+    [ended] = [line for line in logs if line["event"] == "upstream_stream_ended"]
+    assert ended["reason"] == "idle"
+
+
+# --- resume before replay: a cut stream the server still holds is resumed, never a 502 -----
+
+
+class ReplayingEventStore(EventStore):
+    """Resumability as the SDK asks for it: every event kept, replayed after an id."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, JSONRPCMessage | None]] = []
+
+    async def store_event(self, stream_id: str, message: JSONRPCMessage | None) -> str:
+        event_id = str(len(self.events) + 1)
+        self.events.append((event_id, stream_id, message))
+        return event_id
+
+    async def replay_events_after(
+        self, last_event_id: str, send_callback: EventCallback
+    ) -> str | None:
+        streams = [stream for event_id, stream, _ in self.events if event_id == last_event_id]
+        if not streams:
+            return None
+        later = self.events[int(last_event_id) :]
+        for event_id, stream, message in later:
+            if stream == streams[0] and message is not None:
+                await send_callback(EventMessage(message, event_id))
+        return streams[0]
+
+
+_ASKED = ("Content-Type", "Accept", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID")
+_ANSWERED = ("Content-Type", "Mcp-Session-Id", "Cache-Control")
+
+
+@dataclass
+class CuttingTap:
+    """Relays every request to the MCP server as it streams, but cuts the first stream of a
+    ``tools/call`` after its first whole event (the priming one): the call reached the
+    server, which runs it and keeps its answer. ``GET``s that resume a stream (with a
+    ``Last-Event-ID``) it records, and may refuse (503) the first ``refuse_gets`` of."""
+
+    server_url: str
+    http: aiohttp.ClientSession
+    refuse_gets: int = 0
+    cut: int = 0
+    resumed_after: list[str] = field(default_factory=list)
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        headers = {name: request.headers[name] for name in _ASKED if name in request.headers}
+        sent = orjson.loads(body) if body else {}
+        if request.method == "GET" and "Last-Event-ID" in request.headers:
+            self.resumed_after.append(request.headers["Last-Event-ID"])
+            if len(self.resumed_after) <= self.refuse_gets:
+                return web.Response(status=503)
+        cutting = sent.get("method") == "tools/call" and not self.cut
+        async with self.http.request(
+            request.method, self.server_url + request.path_qs, data=body, headers=headers
+        ) as answer:
+            relayed = web.StreamResponse(
+                status=answer.status,
+                headers={
+                    name: answer.headers[name] for name in _ANSWERED if name in answer.headers
+                },
+            )
+            await relayed.prepare(request)
+            if cutting:
+                self.cut += 1
+                await relayed.write(await answer.content.readuntil(b"\r\n\r\n"))
+                request.transport.close()
+                return relayed
+            async for chunk in answer.content.iter_any():
+                await relayed.write(chunk)
+            await relayed.write_eof()
+            return relayed
+
+
+@asynccontextmanager
+async def resumable_server(
+    make_tool: Callable[..., Any], make_sidecar: Callable[..., Any], **tap: Any
+) -> AsyncIterator[tuple[Any, CuttingTap, list[int]]]:
+    """A server with an event store whose ``transfer`` is not safe to run twice, behind a
+    tap that cuts its call's stream after the priming event, behind the sidecar."""
+    server, runs = MCPServer("resumable"), [0]
+
+    @server.tool()
+    async def transfer(amount: int) -> str:
+        runs[0] += 1
+        await asyncio.sleep(0.05)  # answered after the cut
+        return f"sent {amount}"
+
+    app = server.streamable_http_app(event_store=ReplayingEventStore())
+    async with uvicorn_serving(app) as url, aiohttp.ClientSession() as http:
+        cutting = CuttingTap(url, http, **tap)
+        sidecar = await make_sidecar(await make_tool(cutting))
+        yield sidecar, cutting, runs
+
+
+async def test_a_stream_cut_after_an_event_with_an_id_is_resumed_by_the_sidecar(
+    make_tool, make_sidecar
+):
+    """0.5 answered ``502 UPSTREAM_RESET`` (and the call was lost); the SDK's client, direct,
+    resumes it. The sidecar resumes it first: one run, the answer, no 502."""
+    async with resumable_server(make_tool, make_sidecar) as (sidecar, cutting, runs):
+        wire = Wire()
+        async with mcp_client(str(sidecar.client.make_url("/mcp")), wire, mode="legacy") as client:
+            result = await client.call_tool("transfer", {"amount": 5})
+
+    assert result.content[0].text == "sent 5"
+    assert runs == [1]
+    [call] = wire.tool_calls()
+    assert call.status == 200
+    assert call.headers["X-Sidecar-Trail"] == "200 resumed"
+    # The sidecar's GET, after the priming event's id.
+    assert len(cutting.resumed_after) == 1
+
+
+async def test_a_stream_the_sidecar_cannot_resume_goes_to_the_client_to_resume(
+    make_tool, make_sidecar
+):
+    """The server refuses the sidecar's ``GET``: the client gets what was read, ending after
+    the priming event, and resumes it itself through the sidecar: one run, the answer."""
+    async with resumable_server(make_tool, make_sidecar, refuse_gets=1) as (sidecar, cutting, runs):
+        wire = Wire()
+        async with mcp_client(str(sidecar.client.make_url("/mcp")), wire, mode="legacy") as client:
+            result = await client.call_tool("transfer", {"amount": 5})
+
+    assert result.content[0].text == "sent 5"
+    assert runs == [1]
+    [call] = wire.tool_calls()
+    assert call.status == 200
+    assert call.headers["X-Sidecar-Trail"] == "reset stop=not_replayable"
+    sidecars, clients = cutting.resumed_after  # the sidecar's, refused; then the client's
+    assert sidecars == clients
+
+
+async def test_a_listen_stream_is_acknowledged_at_once_and_ends_at_the_drain(make_sidecar):
+    """MCP 2026-07-28's ``subscriptions/listen``: its acknowledgment reaches the client as it
+    is sent (0.5 held it for the inspection window, and the conformance suite's
+    ``server-stateless`` gave up), and its stream, which carries no answer to wait for, ends
+    after a whole event once the sidecar drains, rather than holding the drain to its end.
+    The client hears its subscription end (the SDK re-listens on a replica that serves)."""
+    server = MCPServer("lists")
+
+    @server.tool()
+    async def echo(text: str) -> str:
+        return text
+
+    acknowledged = False
+    async with uvicorn_serving(server.streamable_http_app()) as url:
+        sidecar = await make_sidecar(url, inspect_timeout_ms=HOLD_MS)
+        async with mcp_client(str(sidecar.client.make_url("/mcp")), Wire()) as client:
+            with anyio.fail_after(10), pytest.raises(BaseException) as lost:
+                async with client.listen(tools_list_changed=True) as subscription:
+                    acknowledged = True
+                    drained = asyncio.create_task(sidecar.app[PROXY].drain(HOLD_MS / 1000))
+                    async for _ in subscription:
+                        pass
+            await drained
+
+    assert acknowledged
+    [ended] = leaf_errors(lost.value)
+    assert isinstance(ended, SubscriptionLost)

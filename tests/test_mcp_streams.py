@@ -287,8 +287,25 @@ async def test_the_agent_gets_the_whole_stream_byte_for_byte_after_the_answer_de
     make_tool, make_sidecar
 ):
     """The decision read up to the answer (a retryable error, sent again since the agent
-    made the call safe with its key); the agent gets the last attempt's stream as it came:
-    the bytes read for the decision, then the rest."""
+    made the call safe with its key), past a comment and the priming event; the agent gets
+    the last attempt's stream as it came: the bytes read for the decision, then the rest."""
+    runs: Counter[str] = Counter()
+    stream = STREAM[:2] + STREAM[4:]  # no notification before the answer
+    tool = await make_tool(streaming(runs, stream))
+    sidecar = await make_sidecar(tool, max_retries=1)
+
+    answer = await sidecar.client.post("/mcp", json=CALL, headers={"Idempotency-Key": "k-9"})
+
+    assert await answer.read() == b"".join(stream)
+    assert runs["calls"] == int(answer.headers["X-Sidecar-Attempts"]) == 2
+    assert answer.headers["X-Sidecar-Outcome"] == "exhausted"
+
+
+async def test_a_notification_before_the_answer_passes_the_stream_on_at_once(
+    make_tool, make_sidecar
+):
+    """A progress notification shows the call alive: its stream goes to the agent as it
+    comes, byte for byte, and is not sent again for the error that follows."""
     runs: Counter[str] = Counter()
     tool = await make_tool(streaming(runs, STREAM))
     sidecar = await make_sidecar(tool, max_retries=1)
@@ -296,8 +313,8 @@ async def test_the_agent_gets_the_whole_stream_byte_for_byte_after_the_answer_de
     answer = await sidecar.client.post("/mcp", json=CALL, headers={"Idempotency-Key": "k-9"})
 
     assert await answer.read() == b"".join(STREAM)
-    assert runs["calls"] == int(answer.headers["X-Sidecar-Attempts"]) == 2
-    assert answer.headers["X-Sidecar-Outcome"] == "exhausted"
+    assert runs["calls"] == int(answer.headers["X-Sidecar-Attempts"]) == 1
+    assert answer.headers["X-Sidecar-Outcome"] == "ok"
 
 
 async def test_an_answer_past_the_inspect_limit_is_relayed_and_judged_by_its_status(

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import httpx2
 import orjson
@@ -56,16 +57,17 @@ class Wire:
 
 
 @asynccontextmanager
-async def mcp_client(endpoint: str, wire: Wire, *, mode: str = "auto") -> AsyncIterator[Client]:
+async def mcp_client(
+    endpoint: str, wire: Wire, *, mode: str = "auto", **options: Any
+) -> AsyncIterator[Client]:
     """The MCP SDK's streamable-HTTP client on ``endpoint``, its answers recorded on ``wire``.
 
     ``mode="legacy"`` speaks the handshake-era protocol (what 1.x clients speak); ``"auto"``
     is the 2.x default, which prefers the 2026-07-28 protocol when the server offers it.
+    ``options`` go to the SDK's ``Client`` (its callbacks).
     """
-    async with (
-        wire.client() as http,
-        Client(streamable_http_client(endpoint, http_client=http), mode=mode) as client,
-    ):
+    transport = streamable_http_client(endpoint, http_client=wire.client())
+    async with Client(transport, mode=mode, **options) as client:
         yield client
 
 
@@ -114,3 +116,10 @@ def own_error(status: int, body: bytes) -> OwnError:
         return OwnError(meant, code, data.pop("retryable"), data)
     error = document["error"]
     return OwnError(status, error["code"], error["retryable"], error["details"])
+
+
+def leaf_errors(error: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups, as the SDK's task groups raise them."""
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in leaf_errors(inner)]
+    return [error]

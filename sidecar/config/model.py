@@ -103,6 +103,9 @@ class Tuning(BaseModel):
     backoff_jitter: JitterMode = "full"
     max_retry_after_ms: DurationMs = 60000
     per_try_timeout_ms: DurationMs = Field(30000, gt=0)
+    # A call answered as an event stream lives past its per-try timeout while each event
+    # shows it alive, up to this: the read timeout of the MCP Python SDK and pydantic-ai.
+    per_try_max_ms: DurationMs = Field(300000, gt=0)
     inspect_timeout_ms: DurationMs = Field(2000, gt=0)
     replay_delivered: ReplayMode = "safe"
     # Retries end by 4 s: inside the 5 s timeout of openai-agents' MCP client and httpx,

@@ -62,6 +62,7 @@ class ServedTuning:
     backoff_jitter: JitterMode
     max_retry_after_ms: int
     per_try_timeout_ms: int
+    per_try_max_ms: int
     inspect_timeout_ms: int
     replay_delivered: ReplayMode
     request_timeout_ms: int

@@ -36,6 +36,13 @@ def judge(
         return Attempt(copy, error.value, verdict, error=error, error_reason=result.reason), None
     if isinstance(result, AttemptError):
         return Attempt(copy, result.value, classify(result, retry_on_status), error=result), None
+    if result.broken:
+        # Its event stream broke after an event with an id and was not resumed: a reset
+        # after delivery, sent again only when safe to; else what was read goes to the
+        # agent, whose client resumes it.
+        error = AttemptError.RESET
+        verdict = classify(error, retry_on_status)
+        return Attempt(copy, error.value, verdict, error=error, resumed=result.resumed), result
     failure, text = inspect(result.status, *result.judged()) if result.decisive else (None, "")
     headers = result.response.headers
     lost = lost_after_delivery(result.status, headers, text, tool_envelope=failure is not None)
@@ -50,7 +57,10 @@ def judge(
     if verdict.success:
         if tools is not None:
             tools.learn(result.document())
-        return Attempt(copy, str(result.status), verdict, reply, slow_body=result.slow), result
+        attempt = Attempt(
+            copy, str(result.status), verdict, reply, slow_body=result.slow, resumed=result.resumed
+        )
+        return attempt, result
     # A header's wait (``Retry-After``, ``RateLimit-Reset``) is the tool's word on the whole
     # tool (the whole route, in the ``route`` circuit scope); a wait in the envelope answers
     # this call, so it holds for its path.
@@ -59,7 +69,16 @@ def judge(
     if requested_s is None and failure is not None:
         requested_s, path_scoped = requested_wait({}, failure, now), True
     attempt = Attempt(
-        copy, str(result.status), verdict, reply, None, None, requested_s, path_scoped, result.slow
+        copy,
+        str(result.status),
+        verdict,
+        reply,
+        None,
+        None,
+        requested_s,
+        path_scoped,
+        result.slow,
+        result.resumed,
     )
     return attempt, result
 

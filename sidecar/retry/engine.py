@@ -27,7 +27,13 @@ from sidecar.retry.guards.route import RouteGuards
 from sidecar.retry.hedge import Hedging, Sent
 from sidecar.retry.machine import RetryMachine
 from sidecar.telemetry import Hooks
-from sidecar.transport.exchange import Answer, UpstreamRequest, read_for_decision, send
+from sidecar.transport.exchange import (
+    Answer,
+    UpstreamRequest,
+    read_for_decision,
+    resume,
+    send,
+)
 from sidecar.transport.pool import Pool, Response
 
 Sleep = Callable[[float], Awaitable[None]]
@@ -154,16 +160,16 @@ class _Run:
 
     async def _judge(self, copy: steps.Send, sent: Sent) -> Action:
         """Read what matters of the answer that came first, and judge it."""
+        limit, inspect_s = self.engine.inspect_limit, self.tuning.inspect_timeout_ms / 1000
         result = (
-            await read_for_decision(
-                self.request,
-                sent,
-                self.engine.inspect_limit,
-                self.tuning.inspect_timeout_ms / 1000,
-            )
+            await read_for_decision(self.request, sent, limit, inspect_s)
             if isinstance(sent, Response)
             else sent
         )
+        if isinstance(result, Answer) and result.broken:
+            # Resumed before anything is replayed: the server holds what follows.
+            timeouts = (self.tuning.per_try_timeout_ms / 1000, inspect_s)
+            result = await resume(self.engine.pool, self.request, result, limit, timeouts)
         attempt, answer = judge(
             copy, result, self.tuning.retry_on_status, self.tools, probe=self.probe
         )

@@ -270,7 +270,8 @@ class RetryMachine(Generic[A]):
     def _carry_out(self, decision: Decision, payload: Payload | None) -> Step[A]:
         last = self._records[-1]
         if isinstance(decision, Stop):
-            self._trail.append(f"{last.label} {decision.note}" if decision.note else last.label)
+            label = last.trail_label
+            self._trail.append(f"{label} {decision.note}" if decision.note else label)
             settle = self._settle(self._ended(decision.outcome, last), last)
             if decision.outcome is Outcome.BUDGET:
                 return self._report(BUDGET_EXHAUSTED, settle)
@@ -279,7 +280,7 @@ class RetryMachine(Generic[A]):
         self._retries += 1
         if isinstance(decision, SendRepaired):
             assert payload is not None
-            self._trail.append(f"{last.label} repair={decision.layer}")
+            self._trail.append(f"{last.trail_label} repair={decision.layer}")
             self._unjudged = decision.layer
             self._payload = payload
             self._sent.append(payload)
@@ -296,7 +297,7 @@ class RetryMachine(Generic[A]):
             self._answer = None
         verdict = last.verdict
         reason = verdict.reason if verdict.action is Action.RETRY else "server_error"
-        self._trail.append(f"{last.label} {wait.source}={seconds_token(wait.seconds)}")
+        self._trail.append(f"{last.trail_label} {wait.source}={seconds_token(wait.seconds)}")
         self._previous_wait = wait.seconds
         self._then = RetryMachine._gate
         return WaitRetry(wait, self._attempts, last.label, reason, last.failure)

@@ -40,6 +40,9 @@ AGENT_KEY_HEADER = "Idempotency-Key"
 # reads as "speak 2025" (pydantic-ai and the Python SDK's ``auto`` mode do). Such a refusal
 # answers the probe; it is no verdict on the tool.
 VERSION_PROBES = frozenset({"server/discover"})
+# Requests whose answer is a stream that outlives them, as a 2025 session's ``GET`` does:
+# MCP 2026-07-28's ``subscriptions/listen`` stays open to carry change notifications.
+LONG_LIVED_METHODS = frozenset({"subscriptions/listen"})
 MCP_SAFE_METHODS = frozenset(
     {
         "initialize",

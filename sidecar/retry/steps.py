@@ -46,7 +46,7 @@ class Attempt(NamedTuple):
     """One attempt's answer, judged: what the machine reasons about."""
 
     copy: Send
-    label: str  # its token in the trail: the status, or the ``AttemptError``'s value
+    label: str  # the status, or the ``AttemptError``'s value (in metrics, logs and the trail)
     verdict: Verdict
     reply: Reply | None = None  # the answer's status and envelope, when it answered
     error: AttemptError | None = None  # else what it ran into
@@ -54,6 +54,12 @@ class Attempt(NamedTuple):
     requested_s: float | None = None  # the wait the tool asked for
     path_scoped: bool = False  # ... for the called path only (its envelope said so)
     slow_body: bool = False  # the body did not come within the inspection window
+    resumed: bool = False  # its event stream broke and was resumed (``Last-Event-ID``)
+
+    @property
+    def trail_label(self) -> str:
+        """Its token in the trail: the label, and whether its stream was resumed."""
+        return f"{self.label} resumed" if self.resumed else self.label
 
     @property
     def failure(self) -> ToolFailure | None:

@@ -11,21 +11,23 @@ import structlog
 from structlog.contextvars import bind_contextvars, reset_contextvars
 
 from sidecar import ids
+from sidecar.config import RouteConfig
 from sidecar.credentials import mask_path
 from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.retry.cancel import InFlight
 from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
-from sidecar.retry.replay import mcp_call
+from sidecar.retry.replay import LONG_LIVED_METHODS, mcp_call
 from sidecar.retry.steps import Result
 from sidecar.serve import answers
 from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.intake import BodyIntake, StreamedBody, client_too_slow
-from sidecar.serve.relay import relay
+from sidecar.serve.relay import StreamTerms, relay
 from sidecar.serve.routing import RouteTable, Target, target_fault
 from sidecar.telemetry import Hooks
 from sidecar.telemetry.contract import UNMATCHED_ROUTE
+from sidecar.tool.eventstream import is_event_stream
 from sidecar.transport.buffers import BufferBudget, Ledger
 from sidecar.transport.connection import RequestBody
 from sidecar.transport.exchange import Answer, UpstreamRequest
@@ -265,13 +267,32 @@ class Proxy:
         self._waiting_for_tool.discard(task)
         if result.answer is not None:
             call.status = result.answer.status
-            # A GET carries no call: its stream (MCP's own, a feed) may end at the drain.
-            ending = self._streams_end if request.method == "GET" else None
-            return await relay(request, result.answer, _report(result), ending)
+            stream = self._stream_terms(request, call, route, result.answer)
+            return await relay(request, result.answer, _report(result), stream)
         streamed = body if isinstance(body, StreamedBody) else None
         response = call.own(self._answer_of_our_own(call.route, result, streamed))
         call.status = response.status
         return response
+
+    def _stream_terms(
+        self, request: AgentRequest, call: _Call, route: RouteConfig, answer: Answer
+    ) -> StreamTerms | None:
+        """How long the tool's event stream may go on (``None``: not an event stream). A
+        ``GET`` or an MCP ``subscriptions/listen`` carries no answer to wait for: its stream
+        ends at the drain; a call's stream not yet past its answer is owed one."""
+        if not is_event_stream(answer.response.content_type):
+            return None
+        rpc = mcp_call(call.body) if call.body else None
+        long_lived = request.method == "GET" or (
+            rpc is not None and rpc.method in LONG_LIVED_METHODS
+        )
+        tuning = route.tuning
+        return StreamTerms(
+            self._streams_end,
+            answer_due=not long_lived and answer.reader is not None and not answer.decisive,
+            idle_s=tuning.per_try_timeout_ms / 1000,
+            until=asyncio.get_running_loop().time() + tuning.per_try_max_ms / 1000,
+        )
 
     def _answer_of_our_own(
         self, route: str, result: Result[Answer], streamed: StreamedBody | None

@@ -4,22 +4,39 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import structlog
 
 from sidecar.serve.agentwire import AgentReply, AgentRequest
-from sidecar.serve.sse import EventBoundary, is_event_stream
+from sidecar.tool.eventstream import AnswerReader
 from sidecar.transport.exchange import Answer, BodyBroken
 from sidecar.transport.headers import end_to_end_headers
 
 _log = structlog.get_logger("sidecar")
 
 
+class StreamTerms(NamedTuple):
+    """How long an event stream may go on, and when the sidecar ends it (after a whole
+    event, so that its reader loses nothing and an MCP client can resume it).
+
+    A call's stream still owed its answer (``answer_due``) lives while its server shows it
+    is there: at most ``idle_s`` (the per-try timeout) without an event, each event
+    starting it again, and until ``until`` (loop time) in all. Every other stream (the
+    answer came; a ``GET`` stream; an MCP ``subscriptions/listen``) lives as long as its
+    server keeps it, and ends once ``ending`` is set (the process drains)."""
+
+    ending: asyncio.Event
+    answer_due: bool
+    idle_s: float
+    until: float
+
+
 async def relay(
     request: AgentRequest,
     answer: Answer,
     report: Mapping[str, str],
-    ending: asyncio.Event | None = None,
+    stream: StreamTerms | None = None,
 ) -> AgentReply:
     """The tool's status, reason, headers and body bytes as they came, plus ``report``.
 
@@ -27,8 +44,9 @@ async def relay(
     the sidecar's own report) are dropped. A body read whole goes out with its length;
     the rest streams, keeping the tool's ``Content-Length`` when it sent one. If the tool
     breaks off mid-stream the agent's connection is closed too, so a cut body can never
-    pass for a whole one. An event stream ends early, after a whole event, once
-    ``ending`` is set (the process drains): its agent reconnects elsewhere.
+    pass for a whole one. An event stream (``stream``) ends as ``StreamTerms`` says, and
+    one that broke after an event with an id ends after its last whole event instead: its
+    reader drops a part event at the end as it would at a break, and resumes.
     """
     headers = end_to_end_headers(answer.response.headers, drop_control=True)
     headers.update(report)
@@ -41,9 +59,13 @@ async def relay(
     try:
         reply = await request.start_answer(answer.status, answer.response.reason, headers)
         await request.write_body(answer.body)
-        if ending is not None and is_event_stream(answer.response.content_type):
-            if not await _relay_events(request, answer, ending):
-                reply.force_close()  # the process drains: the agent reconnects elsewhere
+        if stream is not None:
+            cut = await _relay_events(request, answer, stream)
+            if cut is not None:
+                reply.force_close()  # its agent reconnects, here or elsewhere
+                if not cut:
+                    request.close_connection()  # cut inside an event: no clean end
+                    return reply
         else:
             async for chunk in answer.rest():
                 await request.write_body(chunk)
@@ -60,34 +82,59 @@ async def relay(
     return reply
 
 
-async def _relay_events(request: AgentRequest, answer: Answer, ending: asyncio.Event) -> bool:
-    """The rest of an event stream, until the tool ends it or, once ``ending`` is set, the
-    next event boundary; whether the tool ended it."""
-    boundary = EventBoundary()
-    boundary.feed(answer.body)
+async def _relay_events(request: AgentRequest, answer: Answer, terms: StreamTerms) -> bool | None:
+    """The rest of an event stream, until the tool ends it (``None``) or the sidecar does:
+    ``True`` to end it cleanly (after a whole event, or after a break its agent's client
+    resumes from), ``False`` to cut it (inside an event)."""
+    # A stream no call waits on is only followed: where its events end, and their ids.
+    reader = answer.reader or AnswerReader(None, 0)
+    if answer.reader is None:
+        reader.feed(answer.body)
+    scanner, waiting = reader.scanner, terms.answer_due
+    loop = asyncio.get_running_loop()
+    idle_at, events = loop.time() + terms.idle_s, scanner.events
     chunks = answer.rest()
-    ended = asyncio.ensure_future(ending.wait())
+    ended = asyncio.ensure_future(terms.ending.wait())
     arriving: asyncio.Future[bytes] | None = None
     try:
         while True:
             arriving = asyncio.ensure_future(anext(chunks, b""))
-            if boundary.at_boundary:
-                # Between events the stream may end here: whichever comes first.
-                await asyncio.wait((arriving, ended), return_when=asyncio.FIRST_COMPLETED)
+            if waiting or scanner.at_boundary:
+                # Owed its answer, a call's stream may run out of time; between events,
+                # any other stream may end at the drain: whichever comes first.
+                timeout = min(idle_at, terms.until) - loop.time() if waiting else None
+                waits = (arriving,) if waiting else (arriving, ended)
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if not arriving.done():
-                    arriving.cancel()
-                    await asyncio.wait((arriving,))
-                    if not arriving.cancelled():
-                        arriving.exception()  # the tool's stream broke meanwhile: moot
-                    return False
+                    await _abandon(arriving)
+                    why = "drain" if not waiting else "idle" if idle_at <= terms.until else "max"
+                    _log.info("upstream_stream_ended", status=answer.status, reason=why)
+                    return scanner.at_boundary
             chunk = await arriving
             if not chunk:
-                return True
-            boundary.feed(chunk)
+                return None
+            if reader.feed(chunk) is not None:
+                waiting = False  # the answer: the stream may end with the drain now
+            if scanner.events != events:
+                idle_at, events = loop.time() + terms.idle_s, scanner.events
             await request.write_body(chunk)
+    except BodyBroken as broken:
+        if scanner.last_event_id is None:
+            raise
+        # What the agent got ends after its last whole event: its client resumes from there.
+        _log.warning("upstream_stream_broken", status=answer.status, reason=str(broken))
+        return True
     finally:
         ended.cancel()
         # Cancelled while waiting (the agent left): the read in flight goes too, or the
         # tool's broken stream it ends in is an error nobody retrieves.
         if arriving is not None and not arriving.done():
             arriving.cancel()
+
+
+async def _abandon(arriving: asyncio.Future[bytes]) -> None:
+    """A read no longer wanted, cancelled and waited for."""
+    arriving.cancel()
+    await asyncio.wait((arriving,))
+    if not arriving.cancelled():
+        arriving.exception()  # the tool's stream broke meanwhile: moot

@@ -19,27 +19,69 @@ import orjson
 
 from sidecar.tool.json_value import parse_json
 
+EVENT_STREAM = "text/event-stream"
 _LINE_END = re.compile(rb"\r\n|\r|\n")
 _BOM = b"\xef\xbb\xbf"
 
 
 class EventScanner:
-    """The data of each event of a stream fed to it chunk by chunk, in order."""
+    """The data of each event of a stream fed to it chunk by chunk, in order; and what
+    resuming or ending the stream needs.
 
-    __slots__ = ("_after_cr", "_data", "_first_line", "_partial")
+    ``last_event_id`` is the id the stream's reader holds after the last event that ended
+    (what an MCP client sends back as ``Last-Event-ID``: the HTML standard's last event ID,
+    set at every event's end, data or not); ``boundary`` is where in the stream that event
+    ended (the bytes before it are whole events); ``events`` counts the events that ended,
+    comments and priming events included: each shows the server is there. With
+    ``keep_data`` false the data of events is not kept (a stream only relayed). ``fed``
+    counts the bytes fed.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "_after_cr",
+        "_data",
+        "_first_line",
+        "_id",
+        "_in_event",
+        "_partial",
+        "boundary",
+        "events",
+        "fed",
+        "keep_data",
+        "last_event_id",
+    )
+
+    def __init__(self, *, keep_data: bool = True) -> None:
         self._partial = bytearray()  # the line begun in an earlier chunk
         self._data: list[bytes] = []  # the data lines of the event being read
         self._after_cr = False  # the last chunk ended in CR: a first LF belongs to it
         self._first_line = True
+        self._in_event = False  # a line of an event not yet ended was read
+        self._id: bytes | None = None  # the last event ID buffer
+        self.fed = 0
+        self.keep_data = keep_data
+        self.last_event_id: bytes | None = None
+        self.boundary = 0
+        self.events = 0
+
+    @property
+    def at_boundary(self) -> bool:
+        """Whether the bytes fed so far end after a whole event (or before the first): a
+        stream cut here loses nothing to its reader."""
+        return self.boundary == self.fed or (not self._in_event and not self._partial)
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """The data of every event that ended within ``chunk``."""
         events: list[bytes] = []
         if not chunk:
             return events
-        start = 1 if self._after_cr and chunk[:1] == b"\n" else 0
+        start = 0
+        if self._after_cr and chunk[:1] == b"\n":
+            start = (
+                1  # the LF of a CRLF the last chunk cut: an event that ended there ends after it
+            )
+            if self.boundary == self.fed:
+                self.boundary += 1
         self._after_cr = False
         for end in _LINE_END.finditer(chunk, start):
             piece = chunk[start : end.start()]
@@ -47,26 +89,43 @@ class EventScanner:
                 self._partial += piece
                 piece = bytes(self._partial)
                 self._partial.clear()
-            self._line(piece, events)
             start = end.end()
+            self._line(piece, events, self.fed + start)
             self._after_cr = start == len(chunk) and end.group() == b"\r"
         self._partial += chunk[start:]
+        self.fed += len(chunk)
         return events
 
-    def _line(self, line: bytes, events: list[bytes]) -> None:
+    def _line(self, line: bytes, events: list[bytes], ends_at: int) -> None:
         if self._first_line:
             self._first_line = False
             line = line.removeprefix(_BOM)
         if not line:
+            if self._in_event:
+                self.events += 1
+                self.last_event_id = self._id
+                self._in_event = False
+            self.boundary = ends_at
             if self._data:  # an event without a data field is not dispatched
                 events.append(b"\n".join(self._data))
                 self._data = []
             return
+        self._in_event = True
         if line[:1] == b":":
             return  # a comment
         name, _, value = line.partition(b":")
-        if name == b"data":
-            self._data.append(value[1:] if value[:1] == b" " else value)
+        value = value[1:] if value[:1] == b" " else value
+        if name == b"data" and self.keep_data:
+            self._data.append(value)
+        elif name == b"id" and b"\0" not in value:
+            self._id = value
+
+
+def is_event_stream(content_type: str | None) -> bool:
+    """Whether a ``Content-Type`` names an event stream (parameters aside)."""
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() == EVENT_STREAM
 
 
 def rpc_id_text(value: Any) -> bytes | None:
@@ -98,14 +157,20 @@ def answers_call(data: bytes, rpc_id: bytes | None) -> bool:
 
 
 class AnswerReader:
-    """The event that answers a call, looked for in the first ``limit`` bytes of its stream."""
+    """The event that answers a call, looked for in the first ``limit`` bytes of its stream.
 
-    __slots__ = ("_left", "_rpc_id", "_scanner")
+    Past ``limit`` the stream is still followed (its ids, boundaries and events), its data
+    no longer kept. ``alive`` says an event other than the answer came with data (a
+    notification, a request to the client): the call is running, and its stream is worth
+    passing on as it comes."""
+
+    __slots__ = ("_left", "_rpc_id", "alive", "scanner")
 
     def __init__(self, rpc_id: bytes | None, limit: int) -> None:
-        self._scanner = EventScanner()
+        self.scanner = EventScanner()
         self._rpc_id = rpc_id
         self._left = limit
+        self.alive = False
 
     @property
     def exhausted(self) -> bool:
@@ -114,9 +179,17 @@ class AnswerReader:
 
     def feed(self, chunk: bytes) -> bytes | None:
         """The next bytes of the stream; the answer's data once an event in them holds it."""
+        if self._left <= 0:
+            self.scanner.feed(chunk)
+            return None
         piece = chunk if len(chunk) <= self._left else chunk[: self._left]
         self._left -= len(piece)
-        for data in self._scanner.feed(piece):
+        for data in self.scanner.feed(piece):
             if answers_call(data, self._rpc_id):
                 return data
+            if data:
+                self.alive = True
+        if self._left <= 0:
+            self.scanner.keep_data = False
+            self.scanner.feed(chunk[len(piece) :])
         return None

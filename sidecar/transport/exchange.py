@@ -80,7 +80,15 @@ class Answer:
     ``decisive`` says whether what was read holds what a decision needs: the whole body, or
     for an event stream the event that answers the call (its data in ``event``; ``body``
     holds every byte read up to its end, for the agent). ``slow`` says that part did not
-    come within the inspection window: the answer goes to the agent as it is.
+    come within the inspection window, ``live`` that the server sent the agent something
+    else first (a notification, a request to the client): either way the answer goes to
+    the agent as it is, now.
+
+    An event stream answering a call keeps its ``reader``, which the relay goes on
+    feeding. One that broke after an event with an id (MCP's resumable streams) is
+    ``broken``: ``body`` ends after its last whole event and nothing follows, so that the
+    agent's client can resume it; once the sidecar resumed it itself (``resumed``), the rest
+    comes from ``stream``, the resumed ``GET``'s answer.
     """
 
     response: Response
@@ -89,14 +97,21 @@ class Answer:
     decisive: bool = False
     slow: bool = False
     event: bytes | None = None
+    live: bool = False
+    reader: AnswerReader | None = None
+    broken: bool = False
+    stream: Response | None = None
+    resumed: bool = False
 
     @property
     def status(self) -> int:
         return self.response.status
 
     def discard(self) -> None:
-        """Give the connection back to the pool; it is closed if the body was not read."""
+        """Give the connections back to the pool; each is closed if its body was not read."""
         self.response.release()
+        if self.stream is not None:
+            self.stream.release()
 
     def judged(self) -> tuple[bytes, str | None]:
         """What a decision reads, and its content coding: the event that answered the call
@@ -113,21 +128,26 @@ class Answer:
         return json_document(*self.judged())
 
     def rest(self) -> AnswerRest:
-        """The body past ``body``, as it arrives; ``BodyBroken`` if it does not end whole."""
-        return AnswerRest(self.response.content)
+        """The body past ``body``, as it arrives; ``BodyBroken`` if it does not end whole.
+        A ``broken`` stream has none."""
+        if self.broken:
+            return AnswerRest(None)
+        return AnswerRest((self.stream or self.response).content)
 
 
 class AnswerRest:
     """An answer's body as it arrives, its breaks translated (an iterator class, not an
     async generator, so that mypyc compiles it)."""
 
-    def __init__(self, content: BodyStream) -> None:
-        self._content = content
+    def __init__(self, content: BodyStream | None) -> None:
+        self._content = content  # None: nothing more comes
 
     def __aiter__(self) -> AnswerRest:
         return self
 
     async def __anext__(self) -> bytes:
+        if self._content is None:
+            raise StopAsyncIteration
         try:
             chunk = await self._content.readany()
         except (ConnectionBroken, MalformedAnswer, OSError) as exc:
@@ -195,25 +215,26 @@ async def read_for_decision(
     """The answer to ``request`` with as much of its body read as deciding on it needs.
 
     A body that does not come in time goes to the agent as it is (the status alone
-    decides), and so does an event stream whose answer is not within ``limit`` bytes. One
+    decides), and so does an event stream whose answer is not within ``limit`` bytes, or
+    that shows the call alive (an event other than the answer) before its answer. One
     that breaks is no answer at all: the attempt was delivered and then reset, and the
-    replay rules for a delivered request apply.
+    replay rules for a delivered request apply; an event stream that broke after an event
+    with an id is ``broken``, for ``resume``.
     """
     mode = body_read(request.method, response)
     if mode is BodyRead.NONE:
         return Answer(response, b"", complete=False)
+    if mode is BodyRead.ANSWER_EVENT:
+        reader = AnswerReader(request.rpc_id, limit)
+        return await _read_answer_event(response, response, reader, bytearray(), timeout_s)
     buffer = bytearray()
     try:
         async with read_deadline(response.content, timeout_s):
-            if mode is BodyRead.WHOLE:
-                complete = await _read_up_to(response, limit, buffer)
-                # Past the memory budget the answer is not held to be judged: it goes to
-                # the agent as it is.
-                complete = complete and hold(len(buffer))
-                return Answer(response, bytes(buffer), complete, decisive=complete)
-            event = await _read_answer_event(response, limit, request.rpc_id, buffer)
-            decisive = event is not None
-            return Answer(response, bytes(buffer), complete=False, decisive=decisive, event=event)
+            complete = await _read_up_to(response, limit, buffer)
+            # Past the memory budget the answer is not held to be judged: it goes to the
+            # agent as it is.
+            complete = complete and hold(len(buffer))
+            return Answer(response, bytes(buffer), complete, decisive=complete)
     except TimeoutError:
         return Answer(response, bytes(buffer), complete=False, slow=True)
     except MalformedAnswer as exc:
@@ -228,6 +249,96 @@ async def read_for_decision(
         raise
 
 
+async def resume(
+    pool: Pool,
+    request: UpstreamRequest,
+    cut: Answer,
+    limit: int,
+    timeouts: tuple[float, float],
+) -> Answer | AttemptError | Malformed:
+    """The rest of a ``broken`` event stream, asked for as MCP 2025-11-25 lets a client
+    ("Resumability"): a ``GET`` with ``Last-Event-ID`` (and the call's session and
+    credentials), whose stream the server replays from the event after that id. Read as the
+    first one was, from where it broke; ``cut`` itself when the server would not resume
+    it (then the agent's client may, with what ``cut`` holds). ``timeouts``: the per-try
+    timeout for the ``GET``'s head, the inspection window for what follows.
+    """
+    per_try_s, inspect_s = timeouts
+    assert cut.reader is not None and cut.reader.scanner.last_event_id is not None
+    headers = resume_headers(request.headers, cut.reader.scanner.last_event_id.decode())
+    again = UpstreamRequest("GET", request.url, headers, b"", host=request.host)
+    sent = await send(pool, again, per_try_s)
+    if isinstance(sent, Malformed | AttemptError):
+        return cut
+    if sent.status != 200 or body_read("POST", sent) is not BodyRead.ANSWER_EVENT:
+        sent.close()
+        return cut
+    # What was read goes to the agent up to the last whole event: the server replays what
+    # follows it. One resumption per attempt: a second break passes on what was read.
+    reader = AnswerReader(request.rpc_id, limit - len(cut.body))
+    answer = await _read_answer_event(cut.response, sent, reader, bytearray(cut.body), inspect_s)
+    if isinstance(answer, Answer):
+        answer.resumed = True
+    return answer
+
+
+# What a resumed stream's GET leaves out of the call's headers: those of its body.
+_NOT_RESUMED = frozenset({"content-length", "content-type", "content-encoding"})
+
+
+def resume_headers(headers: CIMultiDict[str], last_event_id: str) -> CIMultiDict[str]:
+    """The call's headers (its session, protocol version, credentials, request id) for the
+    ``GET`` that resumes its stream after ``last_event_id``."""
+    kept: CIMultiDict[str] = CIMultiDict(
+        (name, value) for name, value in headers.items() if name.lower() not in _NOT_RESUMED
+    )
+    kept["Accept"] = "text/event-stream"
+    kept["Last-Event-ID"] = last_event_id
+    return kept
+
+
+async def _read_answer_event(
+    head: Response, stream: Response, reader: AnswerReader, buffer: bytearray, timeout_s: float
+) -> Answer | AttemptError | Malformed:
+    """``stream``'s event stream read into ``buffer`` until the event that answers the call,
+    one that shows it alive, ``reader``'s limit, or ``timeout_s``; the answer under
+    ``head`` (the same response, but for a resumed stream)."""
+    resumed = stream is not head
+    try:
+        async with read_deadline(stream.content, timeout_s):
+            while not reader.exhausted and not reader.alive:
+                chunk = await stream.content.readany()
+                if not chunk:
+                    break
+                buffer.extend(chunk)
+                event = reader.feed(chunk)
+                if event is not None:
+                    return _streamed(head, stream, buffer, reader, decisive=True, event=event)
+            return _streamed(head, stream, buffer, reader, live=reader.alive)
+    except TimeoutError:
+        return _streamed(head, stream, buffer, reader, slow=True)
+    except MalformedAnswer as exc:
+        stream.close()
+        return Malformed(str(exc))
+    except (ConnectionBroken, OSError):
+        stream.close()
+        if reader.scanner.last_event_id is None and not resumed:
+            return AttemptError.RESET
+        whole = bytes(buffer[: len(buffer) - (reader.scanner.fed - reader.scanner.boundary)])
+        return Answer(head, whole, complete=False, reader=reader, broken=True, resumed=resumed)
+    except asyncio.CancelledError:
+        stream.close()
+        raise
+
+
+def _streamed(
+    head: Response, stream: Response, buffer: bytearray, reader: AnswerReader, **read: Any
+) -> Answer:
+    """An event stream's answer as read so far."""
+    more = stream if stream is not head else None
+    return Answer(head, bytes(buffer), complete=False, reader=reader, stream=more, **read)
+
+
 class _Body(Protocol):
     def is_eof(self) -> bool: ...
 
@@ -239,23 +350,6 @@ def read_deadline(stream: _Body, timeout_s: float) -> AbstractAsyncContextManage
     cancelling a timer for it cost ~3% of the CPU per request.
     """
     return contextlib.nullcontext() if stream.is_eof() else asyncio.timeout(timeout_s)
-
-
-async def _read_answer_event(
-    response: Response, limit: int, rpc_id: bytes | None, buffer: bytearray
-) -> bytes | None:
-    """Read the stream into ``buffer`` up to the end of the event that answers the call
-    (``eventstream.answers_call``), within its first ``limit`` bytes; that event's data."""
-    reader = AnswerReader(rpc_id, limit)
-    while not reader.exhausted:
-        chunk = await response.content.readany()
-        if not chunk:
-            return None
-        buffer.extend(chunk)
-        event = reader.feed(chunk)
-        if event is not None:
-            return event
-    return None
 
 
 async def _read_up_to(response: Response, limit: int, buffer: bytearray) -> bool:
