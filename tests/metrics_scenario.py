@@ -77,6 +77,8 @@ def _retried_and_repaired(hooks: Hooks) -> None:
     hooks.repair_result("search", "adjustment", "declined")
     hooks.repair_result("search", "llm", "failed")
     hooks.budget_exhausted("search")
+    hooks.session_reopened("search", True)
+    hooks.session_reopened("search", False)
     hooks.hedge_finished("search", "unanswered")
     hooks.request_finished("search", "PUT", "budget-exhausted", 400, 1, 0.75)
 

@@ -26,6 +26,7 @@ from sidecar.retry.steps import (
     Attempt,
     Prepare,
     ReadCooldown,
+    ReopenSession,
     Repair,
     RepairJudged,
     ReportBudgetExhausted,
@@ -93,6 +94,7 @@ class Life:
     error: AttemptError | None = None
     open_for_s: float | None = None
     settled: str = ""  # how the circuit counts it: "failed", "ok", "" for not at all
+    session: bool = False  # an MCP request on a session the sidecar may open again
 
 
 def judged(copy: Send, token: str) -> tuple[Attempt, Handle | None]:
@@ -143,6 +145,7 @@ def machine_for(life: Life, clock: Clock) -> tuple[RetryMachine[Handle], Circuit
         tool="weather",
         path="/weather/current",
         shares_cooldowns=life.shares_cooldowns,
+        session_reopenable=life.session,
     )
     circuit = circuit_for(clock)
     if life.circuit_open:
@@ -188,7 +191,8 @@ def play(life: Life) -> Played:
         if isinstance(action, Prepare):
             action = machine.prepared(None if life.streamed else Payload(b'{"lat": "35.6"}'))
             continue
-        token = next(world) if isinstance(action, Send | SendHedged | ReadCooldown | Repair) else ""
+        asks = Send | SendHedged | ReadCooldown | Repair | ReopenSession
+        token = next(world) if isinstance(action, asks) else ""
         if token == "cancel":
             actions.append("cancelled")
             action = machine.cancelled()
@@ -207,6 +211,8 @@ def play(life: Life) -> Played:
             action = machine.slept()
         elif isinstance(action, ReadCooldown):
             action = machine.cooldown_read(float(token.removeprefix("cooldown=")))
+        elif isinstance(action, ReopenSession):
+            action = machine.reopened(token == "reopened")
         elif isinstance(action, Repair):
             layer = token.removeprefix("repair=")
             if layer == "none":
@@ -295,6 +301,19 @@ LIVES = [
     Life("cancelled after a 503: the 503 goes back", ("503", "cancel"),
          "Prepare Send WaitRetry Send cancelled",
          "503 backoff=0.5s, stop=cancelled", Outcome.DEADLINE, 2, answer="503"),
+    Life("MCP session lost, opened again, 200", ("404", "reopened", "200"),
+         "Prepare Send ReopenSession Send Settle:ok",
+         "404 session=reopened, 200", Outcome.RECOVERED, 2, answer="200", settled="ok",
+         session=True, budget_per_s=0.0),
+    Life("MCP session lost and not opened again: the 404 goes back", ("404", "not reopened"),
+         "Prepare Send ReopenSession Settle:ok",
+         "404", Outcome.NOT_RETRYABLE, 1, answer="404", settled="ok", session=True),
+    Life("MCP session lost again on the new one: that 404 goes back", ("404", "reopened", "404"),
+         "Prepare Send ReopenSession Send Settle:ok",
+         "404 session=reopened, 404", Outcome.NOT_RETRYABLE, 2, answer="404", settled="ok",
+         session=True),
+    Life("a 404 without a session is the tool's word", ("404",), "Prepare Send Settle:ok",
+         "404", Outcome.NOT_RETRYABLE, 1, answer="404", settled="ok"),
     Life("the fleet's cooldown waited out", ("cooldown=2", "cooldown=0", "200"),
          "ReadCooldown WaitCooldown ReadCooldown Prepare Send Settle:ok",
          "cooldown=2s, 200", Outcome.OK, 1, shares_cooldowns=True, answer="200", settled="ok"),

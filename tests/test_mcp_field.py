@@ -406,3 +406,167 @@ async def test_a_listen_stream_is_acknowledged_at_once_and_ends_at_the_drain(mak
     assert acknowledged
     [ended] = leaf_errors(lost.value)
     assert isinstance(ended, SubscriptionLost)
+
+
+# --- a session the server forgot, opened again ----------------------------------------------
+
+
+@dataclass
+class Restartable:
+    """Relays every request to the server of the moment, as it streams: a ``restart`` sends
+    what follows to a fresh server that knows none of the sessions the first one opened,
+    as a restarted or rescheduled server does. Counts the methods each one received."""
+
+    urls: list[str]
+    http: aiohttp.ClientSession
+    current: int = 0
+    received: list[list[str]] = field(default_factory=lambda: [[], []])
+
+    def restart(self) -> None:
+        self.current += 1
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        sent = orjson.loads(body) if body else {}
+        self.received[self.current].append(sent.get("method", request.method))
+        headers = {name: request.headers[name] for name in _ASKED if name in request.headers}
+        url = self.urls[self.current] + request.path_qs
+        async with self.http.request(request.method, url, data=body, headers=headers) as answer:
+            relayed = web.StreamResponse(
+                status=answer.status,
+                headers={
+                    name: answer.headers[name] for name in _ANSWERED if name in answer.headers
+                },
+            )
+            await relayed.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await relayed.write(chunk)
+            await relayed.write_eof()
+            return relayed
+
+
+def echo_server(name: str) -> MCPServer:
+    server = MCPServer(name)
+
+    @server.tool()
+    async def echo(text: str) -> str:
+        return f"{name}: {text}"
+
+    return server
+
+
+@asynccontextmanager
+async def restartable(
+    make_tool: Callable[..., Any], second: MCPServer | None = None
+) -> AsyncIterator[tuple[Restartable, Any]]:
+    """Two servers, the second taking over at ``restart``, behind one relay (a tool)."""
+    async with (
+        uvicorn_serving(echo_server("first").streamable_http_app()) as first_url,
+        uvicorn_serving((second or echo_server("second")).streamable_http_app()) as second_url,
+        aiohttp.ClientSession() as http,
+    ):
+        servers = Restartable([first_url, second_url], http)
+        yield servers, await make_tool(servers)
+
+
+async def test_a_session_the_server_forgot_is_opened_again_and_the_call_runs_once(
+    make_tool, make_sidecar
+):
+    """The server restarts mid-session and answers 404 to the old session: the sidecar
+    opens a new one with the agent's own ``initialize``, sends the call once more (the 404
+    proved it never ran) and maps the agent's session to the new one from then on. The
+    client never learns: it keeps its id, and its next calls and its ``DELETE`` reach the
+    new session."""
+    async with restartable(make_tool) as (servers, tool):
+        sidecar = await make_sidecar(tool)
+        wire = Wire()
+        with capture_logs() as logs:
+            async with mcp_client(
+                str(sidecar.client.make_url("/mcp")), wire, mode="legacy"
+            ) as client:
+                before = await client.call_tool("echo", {"text": "a"})
+                servers.restart()
+                during = await client.call_tool("echo", {"text": "b"})
+                after = await client.call_tool("echo", {"text": "c"})
+
+    assert [r.content[0].text for r in (before, during, after)] == [
+        "first: a",
+        "second: b",
+        "second: c",
+    ]
+    _, lost, _ = wire.tool_calls()
+    assert lost.headers["X-Sidecar-Trail"] == "404 session=reopened, 200"
+    assert lost.headers["X-Sidecar-Attempts"] == "2"
+    assert lost.headers["X-Sidecar-Outcome"] == "recovered"
+    # The second server: the lost call (404), the sidecar's new session, the call again,
+    # the next call and the client's DELETE, on the new session.
+    assert servers.received[1] == [
+        "tools/call",
+        "initialize",
+        "notifications/initialized",
+        "tools/call",
+        "tools/call",
+        "DELETE",
+    ]
+    assert (
+        sidecar.metric("sidecar_mcp_sessions_reopened_total", route="default", result="reopened")
+        == 1
+    )
+    assert [line["event"] for line in logs if line["event"].startswith("mcp_session")] == [
+        "mcp_session_reopened"
+    ]
+
+
+async def test_a_session_the_sidecar_never_saw_opened_gets_the_servers_404(make_tool, make_sidecar):
+    """A session opened before this sidecar started (no fleet store to ask): nothing to open
+    it with, so the agent gets the server's 404 as it came, and a line says so."""
+    async with restartable(make_tool) as (servers, tool):
+        before = await make_sidecar(tool)
+        wire = Wire()
+        async with mcp_client(str(before.client.make_url("/mcp")), wire, mode="legacy") as client:
+            await client.call_tool("echo", {"text": "a"})
+            session = wire.exchanges[0].headers["Mcp-Session-Id"]
+        servers.restart()
+        after = await make_sidecar(tool)
+        with capture_logs() as logs:
+            answer = await after.client.post(
+                "/mcp",
+                json={"jsonrpc": "2.0", "id": 9, "method": "tools/list"},
+                headers={**MCP_HEADERS, "Mcp-Session-Id": session},
+            )
+
+    assert answer.status == 404
+    assert answer.headers["X-Sidecar-Trail"] == "404"
+    assert (
+        after.metric("sidecar_mcp_sessions_reopened_total", route="default", result="failed") == 1
+    )
+    assert "mcp_session_lost" in [line["event"] for line in logs]
+
+
+async def test_another_replica_opens_again_a_session_one_saw_opened(
+    make_tool, make_sidecar, redis_store
+):
+    """With a fleet store, the ``initialize`` a replica relayed is there for the others: the
+    agent's next request lands on another replica after the server restarted, and that one
+    opens the session again."""
+    shared = {"state_url": redis_store.url, "state_timeout_ms": 2000}
+    async with restartable(make_tool) as (servers, tool):
+        one = await make_sidecar(tool, **shared)
+        other = await make_sidecar(tool, **shared)
+        wire = Wire()
+        async with mcp_client(str(one.client.make_url("/mcp")), wire, mode="legacy") as client:
+            await client.call_tool("echo", {"text": "a"})
+            session = wire.exchanges[0].headers["Mcp-Session-Id"]
+            servers.restart()
+            answer = await other.client.post(
+                "/mcp",
+                json={"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                      "params": {"name": "echo", "arguments": {"text": "b"}}},
+                headers={**MCP_HEADERS, "Mcp-Session-Id": session,
+                         "Mcp-Protocol-Version": "2025-11-25"},
+            )  # fmt: skip
+            body = await answer.read()
+
+    assert answer.headers["X-Sidecar-Trail"] == "404 session=reopened, 200"
+    assert b"second: b" in body
+    assert servers.received[1][:3] == ["tools/call", "initialize", "notifications/initialized"]

@@ -65,6 +65,7 @@ def test_every_family_of_the_contract_is_in_the_expected_table():
         "sidecar_retries": "counter",
         "sidecar_retry_wait_seconds": "histogram",
         "sidecar_retry_budget_exhausted": "counter",
+        "sidecar_mcp_sessions_reopened": "counter",
         "sidecar_repairs": "counter",
         "sidecar_llm_requests": "counter",
         "sidecar_llm_response_format": "counter",

@@ -12,7 +12,15 @@ from sidecar.retry.controls import RequestControls
 from sidecar.retry.guards.route import RouteGuards
 from sidecar.retry.guards.tools import ToolGuards, tool_of
 from sidecar.retry.policy import Limits
-from sidecar.retry.replay import VERSION_PROBES, Rpc, mcp_call, mcp_safe, safe_to_repeat
+from sidecar.retry.replay import (
+    SESSION_HEADER,
+    VERSION_PROBES,
+    Rpc,
+    mcp_call,
+    mcp_safe,
+    safe_to_repeat,
+)
+from sidecar.retry.sessions import with_session
 from sidecar.retry.steps import Terms
 from sidecar.transport.exchange import UpstreamRequest
 
@@ -36,6 +44,8 @@ class Call:
     tool: str  # whose circuit and cooldowns it goes by ("": the whole route's)
     lists_tools: bool  # an MCP ``tools/list``: its result says which tools are safe to repeat
     probe: bool  # a protocol version probe: a 4xx is its answer, not the tool's failure
+    session: str | None  # the MCP session the agent named (``Mcp-Session-Id``)
+    reopenable: bool  # ... which the sidecar may open again if its server forgot it
 
 
 def describe(
@@ -66,7 +76,15 @@ def describe(
     tool = tool_of(scope, path, template, rpc)
     lists = rpc is not None and rpc[0] == "tools/list"
     probe = rpc is not None and rpc[0] in VERSION_PROBES
-    return Call(request, path, rpc, own_key, safe, tool, lists, probe)
+    session = request.headers.get(SESSION_HEADER)
+    reopenable = False
+    if session is not None:
+        # A session the sidecar opened again goes by the server's new id.
+        upstream = guards.sessions.upstream_of(session)
+        if upstream is not None:
+            request = with_session(request, upstream)
+        reopenable = request.method != "DELETE" and (rpc is None or rpc[0] != "initialize")
+    return Call(request, path, rpc, own_key, safe, tool, lists, probe, session, reopenable)
 
 
 def terms_of(
@@ -89,5 +107,6 @@ def terms_of(
         tool=tool,
         path=call.path,
         shares_cooldowns=tool_guards.fleet is not None,
+        session_reopenable=call.reopenable,
     )
     return terms, tool_guards

@@ -20,10 +20,10 @@ import contextlib
 from collections.abc import Awaitable, Iterator, Mapping
 from typing import TypeVar
 
+from sidecar.retry.replay import SESSION_HEADER
 from sidecar.tool.eventstream import rpc_id_text
 from sidecar.tool.json_value import parse_json
 
-SESSION_HEADER = "Mcp-Session-Id"
 CANCELLED = "notifications/cancelled"
 # Requests one process tracks at most: ids come from agents.
 MAX_TRACKED = 10_000

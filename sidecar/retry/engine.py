@@ -116,6 +116,7 @@ class _Run:
         self.path, self.own_key = call.path, call.own_key
         self.tools = guards.mcp_tools if call.lists_tools else None
         self.probe = call.probe
+        self.sessions, self.session = guards.sessions, call.session
         self.request, self.payload = call.request, payload
         terms, self.tool_guards = terms_of(route, controls, call, guards, engine.clock())
         self.tool = terms.tool
@@ -231,6 +232,18 @@ class _Run:
         self.hooks.repair_result(self.route, judged.layer, judged.result)
         return self.machine.resume()
 
+    async def reopen_session(self, _: steps.ReopenSession) -> Action:
+        """Open the request's MCP session again; the request names the new one from now on."""
+        assert self.session is not None
+        per_try_s, pool = self.tuning.per_try_timeout_ms / 1000, self.engine.pool
+        reopened = await self.sessions.reopen(
+            pool, self.request, self.session, self.engine.inspect_limit, per_try_s
+        )
+        if reopened is not None:
+            self.request = reopened
+        self.hooks.session_reopened(self.route, reopened is not None)
+        return self.machine.reopened(reopened is not None)
+
     async def budget_exhausted(self, _: steps.ReportBudgetExhausted) -> Action:
         self.hooks.budget_exhausted(self.route)
         return self.machine.resume()
@@ -254,6 +267,7 @@ _HANDLERS: dict[type, Handler] = {
     steps.Repair: _Run.repair,
     steps.UsePayload: _Run.use_payload,
     steps.RepairJudged: _Run.repair_judged,
+    steps.ReopenSession: _Run.reopen_session,
     steps.ReportBudgetExhausted: _Run.budget_exhausted,
     steps.ReportCircuitRefused: _Run.circuit_refused,
 }

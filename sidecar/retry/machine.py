@@ -41,6 +41,7 @@ from sidecar.retry.steps import (
     CIRCUIT_REFUSED,
     PREPARE,
     READ_COOLDOWN,
+    REOPEN_SESSION,
     SETTLE_FAILED,
     SETTLE_OK,
     A,
@@ -80,6 +81,7 @@ class RetryMachine(Generic[A]):
         "_previous_wait",
         "_queue",
         "_records",
+        "_reopened",
         "_result",
         "_retries",
         "_sent",
@@ -110,6 +112,7 @@ class RetryMachine(Generic[A]):
         self._answer: A | None = None
         self._answered_layers: tuple[str, ...] = ()
         self._attempts = self._retries = 0
+        self._reopened = False  # the request's MCP session was opened again once
         self._previous_wait: float | None = None
         self._queue: list[Step[A]] = []  # actions due before ``_then``
         # What follows the queue: a function, not a bound method, which would make the
@@ -224,6 +227,23 @@ class RetryMachine(Generic[A]):
         answer = RepairAnswer(layer if payload is not None else None, retry_same)
         return self._carry_out(decide(self._known(last, answer), self.terms.backoff), payload)
 
+    def reopened(self, opened: bool) -> Step[A]:
+        """The MCP session the server forgot was ``opened`` again, or could not be: the
+        request goes once more on the new session (the 404 proved it never ran), or its
+        404 goes back as it came."""
+        self._reopened = True
+        if not opened:
+            return self._decide()
+        last = self._records[-1]
+        self._trail.append(f"{last.trail_label} session=reopened")
+        # A retry, as the agent reads the outcome (``recovered``); the budget, which bounds
+        # what retries add to a failing tool's load, pays for none: the call never ran.
+        self._retries += 1
+        if self._answer is not None:
+            self._answer.discard()
+            self._answer = None
+        return self._send()
+
     def settled(self) -> Result[A]:
         """The circuit counted the request's verdict."""
         assert self._result is not None
@@ -251,6 +271,8 @@ class RetryMachine(Generic[A]):
 
     def _decide(self) -> Step[A]:
         last = self._records[-1]
+        if self.terms.session_reopenable and not self._reopened and _session_lost(last):
+            return REOPEN_SESSION
         verdict = last.verdict
         if verdict.action is Action.DONE:
             return self._carry_out(done(verdict, self._retries, slow_body=last.slow_body), None)
@@ -398,3 +420,12 @@ class RetryMachine(Generic[A]):
             tool,
             self._answered_layers,
         )
+
+
+def _session_lost(attempt: Attempt) -> bool:
+    """Whether ``attempt`` was answered as MCP answers a session it does not know: ``404``
+    (a 2026-07-28 server's ``404`` for a method it lacks says ``-32601``)."""
+    reply = attempt.reply
+    if reply is None or reply.status != 404:
+        return False
+    return reply.failure is None or reply.failure.code != "-32601"

@@ -35,6 +35,8 @@ AGENT_KEY_HEADER = "Idempotency-Key"
 # session and the agent goes on with the one it is answered; the first ends at the
 # server's idle timeout, as any abandoned session does. ``tools/call`` goes by its tool's
 # annotations; a method not listed here is not known to be safe, and is not replayed.
+# The header a 2025 MCP session's requests name it by.
+SESSION_HEADER = "Mcp-Session-Id"
 # Requests a client sends to learn which protocol revision the server speaks: MCP
 # 2026-07-28's ``server/discover``, which a 2025 server refuses with a 4xx that the client
 # reads as "speak 2025" (pydantic-ai and the Python SDK's ``auto`` mode do). Such a refusal

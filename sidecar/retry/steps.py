@@ -155,6 +155,10 @@ class RepairJudged(NamedTuple):
     result: str  # "applied", "succeeded", "failed"
 
 
+class ReopenSession(NamedTuple):
+    """Open the MCP session the server forgot again (``reopened`` with whether it did)."""
+
+
 class ReportBudgetExhausted(NamedTuple):
     """Report: the route's retry budget stopped a retry."""
 
@@ -171,6 +175,7 @@ class Settle(NamedTuple):
 
 PREPARE = Prepare()
 READ_COOLDOWN = ReadCooldown()
+REOPEN_SESSION = ReopenSession()
 BUDGET_EXHAUSTED = ReportBudgetExhausted()
 CIRCUIT_REFUSED = ReportCircuitRefused()
 SETTLE_FAILED, SETTLE_OK = Settle(True), Settle(False)
@@ -186,6 +191,7 @@ Step = (
     | Repair
     | UsePayload
     | RepairJudged
+    | ReopenSession
     | ReportBudgetExhausted
     | ReportCircuitRefused
     | Settle
@@ -208,3 +214,5 @@ class Terms(NamedTuple):
     tool: str  # whose circuit and cooldowns the call goes by
     path: str  # the called path, for a cooldown the tool scoped to it
     shares_cooldowns: bool  # the fleet keeps the tool's cooldowns
+    # An MCP request on a session the sidecar may open again when the server forgot it.
+    session_reopenable: bool = False

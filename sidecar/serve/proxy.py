@@ -18,7 +18,7 @@ from sidecar.repair.payload import Payload
 from sidecar.retry.cancel import InFlight
 from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
-from sidecar.retry.replay import LONG_LIVED_METHODS, mcp_call
+from sidecar.retry.replay import LONG_LIVED_METHODS, SESSION_HEADER, mcp_call
 from sidecar.retry.steps import Result
 from sidecar.serve import answers
 from sidecar.serve.agentwire import AgentReply, AgentRequest
@@ -48,6 +48,14 @@ class _Call:
     attempts: int = 0
     trail: str = ""
     body: bytes | None = None  # the agent's body, once read whole
+
+    def opens_session(self) -> bool:
+        """Whether the agent's body is an MCP ``initialize``."""
+        body = self.body
+        if body is None or b'"initialize"' not in body:
+            return False
+        rpc = mcp_call(body)
+        return rpc is not None and rpc.method == "initialize"
 
     def own(self, reply: AgentReply) -> AgentReply:
         """``reply``, an answer of the sidecar's own, in the protocol of the request: a
@@ -267,12 +275,36 @@ class Proxy:
         self._waiting_for_tool.discard(task)
         if result.answer is not None:
             call.status = result.answer.status
+            report = _report(result)
+            if SESSION_HEADER in request.headers or call.opens_session():
+                await self._keep_session_books(request, call, route, result.answer, report)
             stream = self._stream_terms(request, call, route, result.answer)
-            return await relay(request, result.answer, _report(result), stream)
+            return await relay(request, result.answer, report, stream)
         streamed = body if isinstance(body, StreamedBody) else None
         response = call.own(self._answer_of_our_own(call.route, result, streamed))
         call.status = response.status
         return response
+
+    async def _keep_session_books(
+        self,
+        request: AgentRequest,
+        call: _Call,
+        route: RouteConfig,
+        answer: Answer,
+        report: dict[str, str],
+    ) -> None:
+        """An MCP session opened or ended, as the route's sessions remember them; the
+        agent's own session id in ``report`` when the answer names the server's new one."""
+        sessions = self._engine.guards[route.name].sessions
+        agents = await sessions.answered(
+            request.method,
+            request.headers.get(SESSION_HEADER),
+            call.body if call.opens_session() else None,
+            answer.status,
+            answer.response.headers.get(SESSION_HEADER),
+        )
+        if agents is not None:
+            report[SESSION_HEADER] = agents
 
     def _stream_terms(
         self, request: AgentRequest, call: _Call, route: RouteConfig, answer: Answer

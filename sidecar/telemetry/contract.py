@@ -42,6 +42,7 @@ from sidecar.telemetry.events import (
     RequestReceived,
     RetryScheduled,
     SchemaUnavailable,
+    SessionReopened,
     SidecarOverloaded,
     StateError,
 )
@@ -255,6 +256,11 @@ class Hooks:
     def budget_exhausted(self, route: str) -> None:
         """A retry was refused: the route's retry budget is spent."""
         self._emit(BudgetExhausted(route, _of(route)))
+
+    def session_reopened(self, route: str, opened: bool) -> None:
+        """A request's MCP session, which its server forgot, was opened again (``opened``)
+        or could not be (the agent gets the server's 404)."""
+        self._emit(SessionReopened(route, opened, _of(route)))
 
     def sidecar_overloaded(self, route: str | None, reason: str) -> None:
         """The sidecar itself had no room for a call: ``max_in_flight``, ``pool_timeout``

@@ -218,6 +218,15 @@ class BudgetExhausted(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class SessionReopened(Event):
+    """An MCP session its server forgot was opened again (``opened``), or could not be."""
+
+    route: str
+    opened: bool
+    request: Request | None
+
+
+@dataclass(frozen=True, slots=True)
 class SidecarOverloaded(Event):
     """The sidecar itself had no room for a call (``reason``: ``max_in_flight``,
     ``pool_timeout`` or ``fd_exhausted``); ``route`` is ``""`` when no route is known."""

@@ -25,6 +25,7 @@ from sidecar.telemetry.events import (
     RequestReceived,
     RetryScheduled,
     SchemaUnavailable,
+    SessionReopened,
     SidecarOverloaded,
     StateError,
 )
@@ -149,6 +150,12 @@ class LogSink(Sink):
             response_format=event.response_format,
             status=event.status,
         )
+
+    def session_reopened(self, event: SessionReopened) -> None:
+        if event.opened:
+            self.log.info("mcp_session_reopened", route=event.route)
+        else:
+            self.log.warning("mcp_session_lost", route=event.route)
 
     def schema_unavailable(self, event: SchemaUnavailable) -> None:
         self.log.warning("schema_unavailable", route=event.route, reason=event.reason)

@@ -66,6 +66,7 @@ class Metrics(Collector):
             self.retries,
             self.retry_wait,
             self.budget_exhausted,
+            self.sessions_reopened,
             self.repairs,
             self.llm_requests,
             self.llm_response_format,
@@ -132,6 +133,11 @@ class Metrics(Collector):
             "sidecar_retry_budget_exhausted_total",
             "Retries refused because the route's retry budget was spent",
             ("route",),
+        )
+        self.sessions_reopened = CounterSeries(
+            "sidecar_mcp_sessions_reopened_total",
+            "MCP sessions their server forgot, opened again (reopened) or not (failed)",
+            ("route", "result"),
         )
         self.repairs = CounterSeries(
             "sidecar_repairs_total",

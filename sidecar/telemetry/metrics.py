@@ -18,6 +18,7 @@ from sidecar.telemetry.events import (
     RequestFinished,
     RequestReceived,
     RetryScheduled,
+    SessionReopened,
     StateError,
 )
 from sidecar.telemetry.metric_definitions import REFUSALS_COUNTED_APART, Metrics, method_label
@@ -73,6 +74,10 @@ class MetricsSink(Sink):
 
     def budget_exhausted(self, event: BudgetExhausted) -> None:
         self.metrics.budget_exhausted.inc((event.route,))
+
+    def session_reopened(self, event: SessionReopened) -> None:
+        result = "reopened" if event.opened else "failed"
+        self.metrics.sessions_reopened.inc((event.route, result))
 
     def state_error(self, event: StateError) -> None:
         self.metrics.state_errors.inc((event.op,))

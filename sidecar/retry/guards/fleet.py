@@ -1,14 +1,17 @@
 """Fleet state: what one sidecar learns about a tool, every replica reads (Redis or Valkey).
 
 Unset ``SIDECAR_STATE_URL`` keeps every guard in the process, as a single sidecar needs.
-Set, each route that has not opted out (``shared_state: false``) shares three things:
+Set, each route that has not opted out (``shared_state: false``) shares four things:
 
 * cooldowns — a wait the tool asked for, or an open circuit's remaining time, as a key
   whose time to live is the wait: ``{prefix}{route}:{tool}cooldown`` for the whole tool,
   ``{prefix}{route}:{tool}cooldown:{path digest}`` for one path;
 * the circuit's failure-rate window — per-second counters ``{prefix}{route}:{tool}window:r:{s}``
   (requests) and ``...:f:{s}`` (failures) that expire with the window;
-* repair answers — ``{prefix}{route}:repair:{digest}``, redacted, with the local cache's TTL.
+* repair answers — ``{prefix}{route}:repair:{digest}``, redacted, with the local cache's TTL;
+* the MCP sessions it relayed the opening of — ``{prefix}{route}:mcp-session:{digest}``, the
+  agent's ``initialize`` and the id the server knows the session by, for a day
+  (``retry.sessions``).
 
 ``{tool}`` is ``tool:{tool digest}:`` with the ``tool`` circuit scope, and empty with the
 ``route`` scope, where the route is one tool.
@@ -269,6 +272,39 @@ class RouteState:
 
     def _cache_key(self, key: str) -> str:
         return f"{self._key}repair:{_digest(key)}"
+
+    async def mcp_session(self, session: str) -> tuple[bytes, str] | None:
+        """The ``initialize`` that opened an MCP session some replica relayed, and the id
+        the server knows it by now (``retry.sessions``)."""
+
+        async def read(client: Redis) -> list[Any]:
+            return await client.hmget(self._session_key(session), ["initialize", "upstream"])
+
+        found = await self._store.call("session_read", read)
+        if not found or found[0] is None or found[1] is None:
+            return None
+        initialize, upstream = found
+        return _bytes(initialize), _bytes(upstream).decode()
+
+    async def keep_mcp_session(
+        self, session: str, initialize: bytes, upstream: str, ttl_s: float
+    ) -> None:
+        key, seconds = self._session_key(session), max(1, math.ceil(ttl_s))
+
+        async def write(client: Redis) -> Any:
+            pipe = client.pipeline(transaction=False)
+            pipe.hset(key, mapping={"initialize": initialize, "upstream": upstream})
+            pipe.expire(key, seconds)
+            return await pipe.execute()
+
+        await self._store.call("session_write", write)
+
+    def _session_key(self, session: str) -> str:
+        return f"{self._key}mcp-session:{_digest(session)}"
+
+
+def _bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
 
 
 def _window_seconds(window_s: float) -> int:

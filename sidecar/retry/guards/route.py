@@ -1,5 +1,5 @@
-"""What a route remembers across requests: its budget, backoff, learned hints, and the
-guards of each of its tools."""
+"""What a route remembers across requests: its budget, backoff, learned hints, the MCP
+sessions it relayed the opening of, and the guards of each of its tools."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from sidecar.retry.guards.fleet import StateStore
 from sidecar.retry.guards.tools import MAX_TOOLS_PER_ROUTE, OVERFLOW_TOOL, ToolGuards
 from sidecar.retry.policy import Backoff
 from sidecar.retry.replay import McpToolHints
+from sidecar.retry.sessions import McpSessions
 
 Clock = Callable[[], float]
 
@@ -26,6 +27,7 @@ class RouteGuards:
     backoff: Backoff
     mcp_tools: McpToolHints
     clock: Clock
+    sessions: McpSessions
     store: StateStore | None = None  # the fleet's store, when the route shares its state
     tools: dict[str, ToolGuards] = field(default_factory=dict)
 
@@ -34,6 +36,7 @@ class RouteGuards:
         cls, route: RouteConfig, clock: Clock, store: StateStore | None = None
     ) -> RouteGuards:
         tuning = route.tuning
+        store = store if route.shared_state else None
         return cls(
             route=route,
             budget=RetryBudget(tuning.retry_budget_ratio, tuning.retry_budget_min_per_s, clock),
@@ -45,7 +48,8 @@ class RouteGuards:
             ),
             mcp_tools=McpToolHints(),
             clock=clock,
-            store=store if route.shared_state else None,
+            sessions=McpSessions(store.for_route(route) if store else None, clock),
+            store=store,
         )
 
     def tool(self, name: str) -> tuple[str, ToolGuards]:

@@ -1,0 +1,198 @@
+"""MCP sessions a server forgot, opened again (MCP 2025-11-25 and earlier).
+
+A streamable-HTTP server that restarts, or drops an idle session, answers ``404`` to every
+request that names the session's ``Mcp-Session-Id``; the specification asks the client to
+start a new session, and no client does it by itself, so every task on the session is lost.
+A ``404`` for an unknown session also proves the request never ran. The sidecar relayed the
+``initialize`` that opened the session, so it can open a new one the same way: the
+agent's ``initialize``, sent again (with the credentials of the request that failed), then
+``notifications/initialized``; the failed request goes once more, on the new session. For
+the rest of the session the agent's id stands for the new one: requests name the new id,
+answers the agent's. What the old session held at the server (subscriptions, a log level,
+anything a tool kept) is gone: the new session starts as the agent's first did.
+
+What is kept per route: each session's ``initialize`` body and the id the server now knows
+it by, for at most ``MAX_SESSIONS`` sessions and ``MAX_AGE_S`` since each was last named;
+with a fleet store, also there (``{prefix}{route}:mcp-session:{digest}``), so that another
+replica can open a session again that this one saw opened.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from multidict import CIMultiDict
+
+from sidecar.retry.guards.fleet import RouteState
+from sidecar.retry.replay import SESSION_HEADER
+from sidecar.transport.exchange import Answer, UpstreamRequest, read_for_decision, send
+from sidecar.transport.pool import Pool, Response
+
+MAX_SESSIONS = 10_000
+MAX_AGE_S = 24 * 60 * 60
+INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
+# What a new session's requests leave out of the failed request's headers: those of its body
+# and of the old session.
+_NOT_CARRIED = frozenset(
+    {"content-length", "content-type", "content-encoding", "last-event-id", "mcp-session-id"}
+)
+
+
+@dataclass(slots=True)
+class _Session:
+    initialize: bytes  # the agent's initialize request, as it came
+    upstream: str  # the id the server knows the session by now
+    until: float  # forgotten then, unless named again (clock time)
+
+
+class McpSessions:
+    """One route's MCP sessions, by the id their agent knows them by."""
+
+    def __init__(
+        self,
+        fleet: RouteState | None,
+        clock: Callable[[], float],
+        *,
+        max_sessions: int = MAX_SESSIONS,
+        max_age_s: float = MAX_AGE_S,
+    ) -> None:
+        self._fleet = fleet
+        self._clock = clock
+        self._max_sessions = max_sessions
+        self._max_age_s = max_age_s
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
+
+    def upstream_of(self, session: str) -> str | None:
+        """The id the server knows the agent's ``session`` by, when it is another (the
+        session was opened again); ``None`` when it is the same or the session unknown."""
+        kept = self._named(session)
+        if kept is None or kept.upstream == session:
+            return None
+        return kept.upstream
+
+    async def opened(self, session: str, initialize: bytes) -> None:
+        """An ``initialize`` the sidecar relayed opened ``session``."""
+        self._keep(session, _Session(initialize, session, 0.0))
+        if self._fleet is not None:
+            await self._fleet.keep_mcp_session(session, initialize, session, self._max_age_s)
+
+    async def initialize_of(self, session: str) -> bytes | None:
+        """The ``initialize`` that opened the agent's ``session``, here or in the fleet."""
+        kept = self._named(session)
+        if kept is not None:
+            return kept.initialize
+        if self._fleet is None:
+            return None
+        shared = await self._fleet.mcp_session(session)
+        if shared is None:
+            return None
+        initialize, upstream = shared
+        self._keep(session, _Session(initialize, upstream, 0.0))
+        return initialize
+
+    async def reopen(
+        self, pool: Pool, failed: UpstreamRequest, session: str, limit: int, timeout_s: float
+    ) -> UpstreamRequest | None:
+        """The agent's ``session``, which the server ``failed`` went to forgot, opened again
+        with the ``initialize`` that first opened it; ``failed`` naming the new session, or
+        ``None`` when the sidecar never saw it opened or the server would not open it."""
+        initialize = await self.initialize_of(session)
+        if initialize is None:
+            return None
+        upstream = await _open(pool, failed, initialize, limit, timeout_s)
+        if upstream is None:
+            return None
+        self._keep(session, _Session(initialize, upstream, 0.0))
+        if self._fleet is not None:
+            await self._fleet.keep_mcp_session(session, initialize, upstream, self._max_age_s)
+        return with_session(failed, upstream)
+
+    async def answered(
+        self,
+        method: str,
+        session: str | None,
+        opening: bytes | None,
+        status: int,
+        answer_session: str | None,
+    ) -> str | None:
+        """The books after a request on the route was answered: a session opened (an
+        ``initialize``, ``opening``, answered with a session id) or ended (``DELETE``). The
+        id the agent must see in the answer's ``Mcp-Session-Id``, when the server's differs
+        (its session was opened again)."""
+        if opening is not None and answer_session is not None and 200 <= status < 300:
+            await self.opened(answer_session, opening)
+            return None
+        if session is None:
+            return None
+        if method == "DELETE":
+            self._sessions.pop(session, None)
+            return None
+        if answer_session is not None and self.upstream_of(session) == answer_session:
+            return session
+        return None
+
+    def _named(self, session: str) -> _Session | None:
+        kept = self._sessions.get(session)
+        if kept is None:
+            return None
+        now = self._clock()
+        if kept.until <= now:
+            del self._sessions[session]
+            return None
+        kept.until = now + self._max_age_s
+        self._sessions.move_to_end(session)
+        return kept
+
+    def _keep(self, session: str, kept: _Session) -> None:
+        kept.until = self._clock() + self._max_age_s
+        self._sessions[session] = kept
+        self._sessions.move_to_end(session)
+        while len(self._sessions) > self._max_sessions:
+            self._sessions.popitem(last=False)
+
+
+async def _open(
+    pool: Pool, failed: UpstreamRequest, initialize: bytes, limit: int, timeout_s: float
+) -> str | None:
+    """A new session opened with ``initialize`` on the server ``failed`` went to, with its
+    credentials; the id the server gave it, or ``None`` when it gave none."""
+    headers: CIMultiDict[str] = CIMultiDict(
+        (name, value) for name, value in failed.headers.items() if name.lower() not in _NOT_CARRIED
+    )
+    headers["Content-Type"] = "application/json"
+    headers["Accept"] = "application/json, text/event-stream"
+    opening = UpstreamRequest("POST", failed.url, headers, initialize, host=failed.host)
+    answered = await _exchanged(pool, opening, limit, timeout_s)
+    if answered is None:
+        return None
+    session = answered.headers.get(SESSION_HEADER)
+    if session is None:
+        return None
+    headers[SESSION_HEADER] = session
+    initialized = UpstreamRequest("POST", failed.url, headers, INITIALIZED, host=failed.host)
+    if await _exchanged(pool, initialized, limit, timeout_s) is None:
+        return None
+    return session
+
+
+async def _exchanged(
+    pool: Pool, request: UpstreamRequest, limit: int, timeout_s: float
+) -> Response | None:
+    """``request``'s answer, read and given back, when it was a success."""
+    sent = await send(pool, request, timeout_s)
+    if not isinstance(sent, Response):
+        return None
+    answer = await read_for_decision(request, sent, limit, timeout_s)
+    if not isinstance(answer, Answer):
+        return None  # broken or malformed: its connection is closed already
+    answer.discard()
+    return sent if 200 <= sent.status < 300 else None
+
+
+def with_session(request: UpstreamRequest, session: str) -> UpstreamRequest:
+    """``request`` naming ``session``."""
+    headers = request.headers.copy()
+    headers[SESSION_HEADER] = session
+    return request.with_headers(headers)
