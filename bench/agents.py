@@ -15,7 +15,11 @@ HTTP with its event store, installed with npm into bench/.cache/ on first use an
 127.0.0.1 by a preload that binds its listener there. In front of it, a counting tap
 (tests/mcp_tap.py) counts what it received and plays the tap's faults; Envoy's fault filter
 plays the others, in an Envoy on the tool's side; ``session-lost`` is the tap's server
-"restart" (its docstring says how). Lanes: no proxy; Envoy with a standard retry policy;
+"restart", ``cut-after-event`` a call's event stream cut after its priming event, which
+can be resumed with ``GET`` and ``Last-Event-ID`` (its docstring says how). The second
+table is what the tool received (the stream resumptions among it, the client's and the
+proxy's), the third the sidecar's own counts from its admin ``/metrics``. Lanes: no proxy;
+Envoy with a standard retry policy;
 ``tool-retry-sidecar serve`` with its shipped defaults. A fresh server, tap, Envoys, sidecar
 and node client per cell, so no cell inherits another's sessions or circuits. Tasks run one
 at a time, each bounded by ``TASK_BOUND_S``. Every process is stopped by its PID;
@@ -53,7 +57,7 @@ from bench.processes import (  # noqa: E402
     SIDECAR_ON_LOOPBACK,
     Bench,
     free_port,
-    tree_command,
+    tree_serve,
     wait_for_port,
 )
 from bench.report import Report  # noqa: E402
@@ -115,6 +119,11 @@ PROFILES = [
         "rpc-error-json",
         "JSON-RPC `-32603` `retryable: true` in a 200 (JSON)",
         tap_fault="rpc-error-json",
+    ),
+    Profile(
+        "cut-after-event",
+        "stream cut after its priming event (resumable)",
+        tap_fault="cut-after-event",
     ),
     Profile(
         "session-lost",
@@ -205,6 +214,8 @@ class Cell:
     tally: Tally = field(default_factory=Tally)
     envoy_faults: int = 0
     exited: list[str] = field(default_factory=list)  # processes of the path that died mid-cell
+    # The sidecar's own counts, read from its admin /metrics at the cell's end (sidecar lane).
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class Run:
@@ -214,6 +225,7 @@ class Run:
         self.bench = Bench(workdir)
         self.workdir = workdir
         self.sidecar_src = sidecar_src
+        self.sidecar_admin: int | None = None  # the sidecar's admin port, once started
 
     def everything(self) -> int:
         port = free_port()
@@ -249,22 +261,14 @@ class Run:
         return port, admin
 
     def sidecar(self, upstream: int) -> int:
-        port = free_port()
-        target = f"http://127.0.0.1:{upstream}"
+        port, admin = free_port(), free_port()
+        arguments = ["--upstream", f"http://127.0.0.1:{upstream}", "--port", str(port)]
+        arguments += ["--admin-port", str(admin)]
         if self.sidecar_src is not None:
-            command = tree_command(self.sidecar_src.resolve(), target, port)
+            command = tree_serve(self.sidecar_src.resolve(), *arguments)
         else:
-            script = str(Path(sys.executable).with_name("tool-retry-sidecar"))
-            command = [
-                script,
-                "serve",
-                "--upstream",
-                target,
-                "--port",
-                str(port),
-                "--admin-port",
-                str(free_port()),
-            ]
+            command = [str(Path(sys.executable).with_name("tool-retry-sidecar")), "serve"]
+            command += arguments
         environment = {
             name: value
             for name, value in os.environ.items()
@@ -274,6 +278,7 @@ class Run:
             "sidecar", None, *command, env={**environment, **SIDECAR_ON_LOOPBACK}, inherit_env=False
         )
         wait_for_port(port, timeout_s=60)
+        self.sidecar_admin = admin
         return port
 
 
@@ -310,6 +315,8 @@ async def measure(cell: Cell, chosen: list[Task], seed: int, run: Run) -> None:
             ]
             if fault_admin is not None:
                 cell.envoy_faults = await aborts_injected(fault_admin)
+            if run.sidecar_admin is not None:
+                cell.metrics = await sidecar_counts(run.sidecar_admin)
     finally:
         await client.close()
         run.bench.stop_all()
@@ -322,6 +329,36 @@ async def aborts_injected(admin: int) -> int:
     ):
         text = await answer.text()
     return sum(int(line.rsplit(":", 1)[1]) for line in text.splitlines() if ":" in line)
+
+
+# The sidecar's samples summed by these labels (the rest summed over), for the third table.
+SIDECAR_COUNTS = {
+    "sidecar_mcp_sessions_reopened_total": "result",
+    "sidecar_requests_total": "outcome",
+    "sidecar_retries_total": "reason",
+}
+
+
+async def sidecar_counts(admin: int) -> dict[str, float]:
+    """The sidecar's counts of ``SIDECAR_COUNTS`` from its admin ``/metrics``, keyed
+    ``name{label}``; empty when it does not answer (a sidecar that died mid-cell)."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as session,
+            session.get(f"http://127.0.0.1:{admin}/metrics") as answer,
+        ):
+            text = await answer.text()
+    except (aiohttp.ClientError, TimeoutError):
+        return {}
+    counts: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(r"(\w+)\{(.*)\} (\S+)$", line)
+        if match is None or match[1] not in SIDECAR_COUNTS:
+            continue
+        label = re.search(rf'{SIDECAR_COUNTS[match[1]]}="([^"]*)"', match[2])
+        key = f"{match[1]}{{{label[1] if label else ''}}}"
+        counts[key] = counts.get(key, 0.0) + float(match[3])
+    return counts
 
 
 def p95(seconds: list[float]) -> str:
@@ -395,16 +432,45 @@ def requests_row(cell: Cell) -> str:
         str(calls),
         str(others["GET"] + others["GET Last-Event-ID"]),
         str(others["GET Last-Event-ID"]),
+        str(cell.tally.resumed["client"]),
+        str(cell.tally.resumed["proxy"]),
         str(others["DELETE"]),
         str(cell.tally.not_found),
     ]
     return "| " + " | ".join(cells) + " |"
 
 
+def sidecar_row(cell: Cell) -> str:
+    """The sidecar's own counts for a cell: sessions it opened again, its requests by
+    outcome and its retries by reason."""
+
+    def listed(name: str) -> str:
+        found = [
+            (key[len(name) + 1 : -1], count)
+            for key, count in sorted(cell.metrics.items())
+            if key.startswith(name + "{") and count
+        ]
+        return ", ".join(f"{label} {count:.0f}" for label, count in found) or "0"
+
+    cells = [
+        cell.profile.title,
+        cell.client,
+        *(listed(name) for name in SIDECAR_COUNTS),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
 REQUESTS_HEADER = [
     "| fault | client | lane | initialize delivered | tools/call delivered | GET "
-    "| of them with Last-Event-ID | DELETE | 404s for a forgotten session |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| of them with Last-Event-ID | resumptions relayed: client's | proxy's "
+    "| DELETE | 404s for a forgotten session |",
+    "|---|---|---|---|---|---|---|---|---|---|---|",
+]
+SIDECAR_HEADER = [
+    "| fault | client | sessions opened again (`sidecar_mcp_sessions_reopened_total`) "
+    "| requests by outcome (`sidecar_requests_total`) | retries by reason "
+    "(`sidecar_retries_total`) |",
+    "|---|---|---|---|---|",
 ]
 HEADER = [
     "| fault | client | lane | success % even | odd | all | p95 s even | odd | all "
@@ -452,6 +518,15 @@ async def main_async(args: argparse.Namespace) -> None:
     for cell in measured:
         report(requests_row(cell))
     report()
+    sidecar_cells = [cell for cell in measured if cell.lane == "sidecar"]
+    if sidecar_cells:
+        report("The sidecar's own counts (its admin /metrics at each sidecar cell's end):")
+        report()
+        for line in SIDECAR_HEADER:
+            report(line)
+        for cell in sidecar_cells:
+            report(sidecar_row(cell))
+        report()
     report(f"Each cell's processes' stderr: {workdir}/NN-profile-client-lane/.")
     report.finish(started, args.out)
 

@@ -3,8 +3,15 @@
 Every request is relayed to the server as it came and its answer back as it came (event
 streams chunk by chunk). Each POST that reaches the server is counted by its JSON-RPC method
 and, for ``tools/call``, its tool; a call whose request (same session, same JSON-RPC id) is
-delivered twice was run twice. On POSTs the tap can also play one fault, on each POST it
-applies to drawn from a seeded RNG, or on the first attempt of every Nth call of some tools:
+delivered twice was run twice. GETs, DELETEs and the rest are counted by method
+(``Tally.others``); a GET with ``Last-Event-ID`` (a stream resumed) is relayed untouched,
+unless ``session-lost`` (below) forgot its session, and each one relayed to the server is
+counted in ``Tally.resumed`` by who sent it: ``proxy`` when it carries the ``X-Request-ID``
+of a POST whose stream the tap cut (the sidecar resumes a stream with the call's own
+headers; a client's own GET gets a request id of its own from the sidecar or Envoy on the
+way, and has none without a proxy: none of the clients here sends one), ``client``
+otherwise. On POSTs the tap can also play one fault, on each POST it applies to
+drawn from a seeded RNG, or on the first attempt of every Nth call of some tools:
 
 - ``reset-before``: the request is read, then the connection is reset (RST): the server never
   saw it.
@@ -17,6 +24,14 @@ applies to drawn from a seeded RNG, or on the first attempt of every Nth call of
   does not accept event streams. Every other POST passes (the tool's error is a tool call's).
 - ``rpc-error-json``: the same error as plain JSON whatever the caller accepts, as a server
   that answers in JSON (the MCP SDK's ``json_response=True``) sends it.
+- ``cut-after-event``: a ``tools/call`` is delivered and the server's whole answer read (so
+  the server ran it, and a server with an event store holds its answer event); then only
+  the answer's head and its first whole event are relayed (a server with an event store,
+  under protocol 2025-11-25, opens the stream with a priming event: an ``id:`` and an empty
+  ``data:``), and the connection is reset (RST) inside the chunked body: a stream cut after
+  an event with an id, which a client (or a proxy) can resume with ``GET`` and
+  ``Last-Event-ID``. An answer that is not an event stream, or holds no whole event, is
+  relayed whole and not counted as a fault. Every other POST passes.
 - ``session-lost``: the server forgets its sessions for good, as one that restarted (or
   expired them) does. Each POST other than ``initialize`` that names a session the server
   still knows (``Mcp-Session-Id``) draws; on a hit the server "restarts" at that POST: every
@@ -48,7 +63,16 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-FAULTS = ("reset-before", "reset-after", "rpc-error", "rpc-error-json", "session-lost")
+FAULTS = (
+    "reset-before",
+    "reset-after",
+    "rpc-error",
+    "rpc-error-json",
+    "cut-after-event",
+    "session-lost",
+)
+# The faults played on tools/call requests only.
+_ON_TOOL_CALLS = frozenset({"rpc-error", "rpc-error-json", "cut-after-event"})
 # Hop-by-hop and framing headers: aiohttp writes its own for what the tap relays.
 _NOT_RELAYED = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade"}
@@ -81,6 +105,9 @@ class Tally:
     # Requests other than POSTs that reached the tap: "GET", "GET Last-Event-ID" (a stream
     # resumed), "DELETE".
     others: Counter[str] = field(default_factory=Counter)
+    # GETs with Last-Event-ID relayed to the server, by who sent them: "proxy" (the request
+    # id of a POST the tap cut) or "client".
+    resumed: Counter[str] = field(default_factory=Counter)
 
     def by_method(self) -> Counter[str]:
         return Counter(f"{d.method}:{d.tool}" if d.tool else d.method for d in self.deliveries)
@@ -136,6 +163,7 @@ class Tap:
     _client: aiohttp.ClientSession | None = None
     _sessions: set[str] = field(default_factory=set)  # every session named so far
     _forgotten: set[str] = field(default_factory=set)  # those a "restart" forgot
+    _cut: set[str] = field(default_factory=set)  # X-Request-IDs of the POSTs whose stream was cut
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
@@ -148,12 +176,15 @@ class Tap:
             self.tally.not_found += 1
             return web.Response(status=404, body=SESSION_NOT_FOUND, content_type="application/json")
         if request.method != "POST":
+            if request.method == "GET" and "last-event-id" in request.headers:
+                request_id = request.headers.get("x-request-id", "")
+                self.tally.resumed["proxy" if request_id in self._cut else "client"] += 1
             return await self._relay(request, body)
         eligible = self.fault not in (None, "session-lost") and (
-            not str(self.fault).startswith("rpc-error") or _is_tool_call(message)
+            self.fault not in _ON_TOOL_CALLS or _is_tool_call(message)
         )
         fault = self.fault if eligible and self.decide(session, message) else None
-        if fault:
+        if fault and fault != "cut-after-event":  # that one counts once it is played
             self.tally.faults[fault] += 1
         if fault == "reset-before":
             reset_connection(request)
@@ -161,6 +192,8 @@ class Tap:
         if fault in ("rpc-error", "rpc-error-json"):
             return _rpc_error(request, message, streamed=fault == "rpc-error")
         self._count(request, message)
+        if fault == "cut-after-event":
+            return await self._cut_after_event(request, body)
         if fault == "reset-after":
             async with self._forward(request, body) as answer:
                 await answer.read()
@@ -212,6 +245,33 @@ class Tap:
         ) as answer:
             yield answer
 
+    async def _cut_after_event(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        """The server's whole answer read, then its head and first whole event relayed and
+        the connection reset; an answer that is no event stream, or holds no whole event,
+        relayed whole."""
+        async with self._forward(request, body) as answer:
+            status, reason, headers = answer.status, answer.reason, answer.headers.copy()
+            streamed = answer.content_type == "text/event-stream"
+            content = await answer.read()
+        end = _first_event_end(content) if streamed else None
+        relayed = web.StreamResponse(status=status, reason=reason)
+        for name, value in headers.items():
+            if name.lower() not in _NOT_RELAYED:
+                relayed.headers.add(name, value)
+        if end is None:
+            relayed.content_length = len(content)
+            await relayed.prepare(request)
+            await relayed.write(content)
+            await relayed.write_eof()
+            return relayed
+        self.tally.faults["cut-after-event"] += 1
+        if "x-request-id" in request.headers:
+            self._cut.add(request.headers["x-request-id"])
+        await relayed.prepare(request)  # chunked: the reset leaves its body unfinished
+        await relayed.write(content[:end])
+        reset_connection(request)
+        return relayed
+
     async def _relay(self, request: web.Request, body: bytes) -> web.StreamResponse:
         async with self._forward(request, body) as answer:
             relayed = web.StreamResponse(status=answer.status, reason=answer.reason)
@@ -232,6 +292,17 @@ def _json_rpc(body: bytes) -> object:
         return orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
+
+
+def _first_event_end(stream: bytes) -> int | None:
+    """Where the first whole event of an event stream ends (past its blank line), if it
+    holds one, its lines all ending alike (CRLF, LF or CR)."""
+    ends = [
+        found + len(blank)
+        for blank in (b"\r\n\r\n", b"\n\n", b"\r\r")
+        if (found := stream.find(blank)) != -1
+    ]
+    return min(ends) if ends else None
 
 
 def _tool(message: dict[str, object]) -> str | None:
