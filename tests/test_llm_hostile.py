@@ -373,6 +373,35 @@ async def test_a_repair_within_the_tools_scope_still_reaches_it(
     assert "hunter2" not in json.dumps(llm.requests)
 
 
+async def test_an_answer_out_of_scope_is_asked_again_told_what_it_may_change(
+    make_tool, make_sidecar, make_llm
+):
+    """A model that fixed the currency and also touched the note (0.5: refused for good)
+    is told which field was out of scope and which it may change; its next answer keeps to
+    the scope and reaches the tool. Every answer is checked the same way."""
+
+    async def answer() -> web.Response:
+        shown = llm.prompt(0)["failed_payload"]  # the re-ask's last turn is the refusal
+        extra = {"note": "paid via the assistant"} if len(llm.requests) == 1 else {}
+        return completion(json.dumps(fix({**shown, "currency": "EUR", **extra})))
+
+    tool = await make_tool(transfer_tool())
+    llm = await make_llm(answer)
+    sidecar = await make_sidecar(routes=[{"name": "pay", "prefix": "/", "upstream": tool.url}],
+                                 llm_base_url=llm.base_url)  # fmt: skip
+
+    response = await sidecar.client.post("/transfer", json=TRANSFER)
+
+    assert response.status == 200
+    assert [orjson.loads(seen.body) for seen in tool.seen] == [
+        TRANSFER,
+        {**TRANSFER, "currency": "EUR"},
+    ]
+    told = json.dumps(llm.requests[1]["messages"][-1])
+    assert "note" in told and "change only currency" in told
+    assert sidecar.metric("sidecar_repairs_total", route="pay", layer="llm", result="reasked") == 1
+
+
 # Each credential form the agent may send, by its value: none may reach the model, wherever
 # the tool's answer echoes it.
 SENT_HEADERS = {

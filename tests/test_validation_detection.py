@@ -159,3 +159,116 @@ def test_pydantic_messages_inside_an_envelope_are_repaired(message):
     )
     verdict = classify(Reply(400, failure), RETRY_ON)
     assert (verdict.action, verdict.reason) == (Action.REPAIR, "validation")
+
+
+# The error formats of validators beside pydantic, as their libraries write them (the
+# messages and shapes of each one's source, as bench/validator_corpus.json records them):
+# which part of the request each names decides whether a new payload can help.
+ZOD_ISSUES = {
+    "errors": [
+        {
+            "code": "invalid_value",
+            "values": ["metric", "imperial"],
+            "path": ["units"],
+            "message": 'Invalid option: expected one of "metric"|"imperial"',
+        }
+    ]
+}
+EXPRESS_VALIDATOR = {
+    "errors": [{"type": "field", "value": "C", "msg": "Invalid value", "path": "units",
+                "location": "body"}]
+}  # fmt: skip
+EXPRESS_VALIDATOR_QUERY = {
+    "errors": [{"type": "field", "value": "x", "msg": "Invalid value", "path": "limit",
+                "location": "query"}]
+}  # fmt: skip
+OPENAPI_VALIDATOR = {
+    "message": "request/body/lat must be number",
+    "errors": [{"path": "/body/lat", "message": "must be number",
+                "errorCode": "type.openapi.validation"}],
+}  # fmt: skip
+OPENAPI_VALIDATOR_QUERY = {
+    "message": "request/query/limit must be integer",
+    "errors": [{"path": "/query/limit", "message": "must be integer",
+                "errorCode": "type.openapi.validation"}],
+}  # fmt: skip
+PROBLEM_POINTERS = {
+    "type": "https://example.net/validation-error",
+    "title": "Your request is not valid.",
+    "status": 422,
+    "errors": [{"detail": "0 is less than the minimum of 1", "pointer": "#/nights"}],
+}
+CELEBRATE_QUERY = {
+    "statusCode": 400,
+    "error": "Bad Request",
+    "message": "Validation failed",
+    "validation": {"query": {"source": "query", "keys": ["page"], "message": '"page" ...'}},
+}
+
+
+@pytest.mark.parametrize(
+    ("body", "finding"),
+    [
+        (ZOD_ISSUES, Finding.IN_BODY),
+        (EXPRESS_VALIDATOR, Finding.IN_BODY),
+        (EXPRESS_VALIDATOR_QUERY, Finding.OUTSIDE_BODY),
+        (OPENAPI_VALIDATOR, Finding.IN_BODY),
+        (OPENAPI_VALIDATOR_QUERY, Finding.OUTSIDE_BODY),
+        (PROBLEM_POINTERS, Finding.IN_BODY),
+        (CELEBRATE_QUERY, Finding.OUTSIDE_BODY),
+        # Rails: messages by attribute; "base" is the record's, not a field's.
+        ({"price": ["is not a number"]}, Finding.IN_BODY),
+        ({"base": ["is locked"]}, Finding.NONE),
+        # go-playground/validator, as gin answers it, and its translated messages
+        (
+            {"error": "Key: 'WeatherRequest.Units' Error:Field validation for 'Units' failed on "
+                      "the 'oneof' tag"},
+            Finding.IN_BODY,
+        ),
+        ({"errors": {"BookingRequest.Guests": "Guests is a required field"}}, Finding.IN_BODY),
+        # Echo's bind error; pydantic's text in a problem's detail
+        ({"message": "Unmarshal type error: expected=float64, got=string, field=amount"},
+         Finding.IN_BODY),
+        (
+            {"type": "about:blank", "title": "Unprocessable Entity", "status": 422,
+             "detail": "1 validation error for Quote\nsymbol\n  String should match pattern "
+                       "'^[A-Z]{1,5}$' [type=string_pattern_mismatch, input_value='Microsoft']"},
+            Finding.IN_BODY,
+        ),
+        # Spring's defaults: a body its bean validation refused, one it could not read
+        ({"type": "about:blank", "title": "Bad Request", "status": 400,
+          "detail": "Invalid request content."}, Finding.IN_BODY),
+        ({"type": "about:blank", "title": "Bad Request", "status": 400,
+          "detail": "Failed to read request"}, Finding.IN_BODY),
+        # Not a validation error at all.
+        ({"error": "quota exceeded for this project"}, Finding.NONE),
+    ],
+)  # fmt: skip
+def test_what_other_validators_errors_say_about_the_body(body, finding):
+    failure = parse_failure(body, success_status=False)
+    message = failure.message if failure is not None else ""
+    assert find(message, orjson.dumps(body).decode()) is finding
+
+
+def test_jsonschemas_own_messages_are_validation_errors():
+    """Python's jsonschema, run: each of its messages for a bad body reads as one."""
+    import jsonschema
+
+    schema = {
+        "type": "object",
+        "required": ["currency"],
+        "additionalProperties": False,
+        "properties": {
+            "currency": {"enum": ["USD", "EUR"]},
+            "nights": {"type": "integer", "minimum": 1},
+            "date": {"type": "string", "format": "date"},
+            "lat": {"type": "number"},
+        },
+    }
+    bodies = [{"currency": "EURO"}, {"nights": 0, "currency": "USD"}, {"lat": "1"}, {"x": 1}]
+    checker = jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
+    messages = [error.message for body in bodies for error in checker.iter_errors(body)]
+    messages += [e.message for e in checker.iter_errors({"currency": "USD", "date": "2026-02-30"})]
+    assert len(messages) >= 6
+    for message in messages:
+        assert find(message, "") is Finding.IN_BODY, message

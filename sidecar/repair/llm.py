@@ -126,6 +126,7 @@ class LlmRepairer:
         deadline = time.monotonic() + time_left_s
         calls = 0
         refused: Refused | None = None
+        outside: tuple[str, ...] = ()
         while calls < max_calls and deadline > time.monotonic():
             started = time.monotonic()
             call = await self._complete(messages, ask, deadline - started)
@@ -136,12 +137,13 @@ class LlmRepairer:
             self._count(call, checked, started)
             if call.given_up is not None:
                 return LlmOutcome(None, calls, call.given_up)
-            # Before any other guard, and not asked again: a model that obeyed the tool's text
-            # once is not to be argued with, and the agent gets the tool's own answer.
+            # Before any other guard: an answer out of scope is refused, and asked again told
+            # what it may change (a model that only added a field gets it right; one that
+            # obeys the tool's text is refused again, each answer checked the same way).
             outside = scope.outside(checked.written if checked is not None else None)
             if outside:
-                return LlmOutcome(None, calls, OUT_OF_SCOPE, out_of_scope=outside)
-            if checked is not None and checked.answer is not None and refused is None:
+                refused = scope.refusal(outside)
+            elif checked is not None and checked.answer is not None and refused is None:
                 assert content is not None
                 await self._keep(request, cache_key, checked.answer, checked.written)
                 answered = Conversation(
@@ -153,7 +155,7 @@ class LlmRepairer:
             self._hooks.llm_reask(request.route, refused.kind)
             turns = partial(reask, content, str(refused), request, redactor, checked.written)
             messages += await self._off_loop(turns)
-        return LlmOutcome(None, calls, refused)
+        return LlmOutcome(None, calls, refused, out_of_scope=outside)
 
     def _count(self, call: _Completion, checked: Checked | None, started: float) -> None:
         """One count per call, and its tokens even when the answer was unusable: they were

@@ -19,7 +19,7 @@ import orjson
 from sidecar.repair.redact import Redactor
 from sidecar.tool.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
 from sidecar.tool.json_value import parse_json
-from sidecar.tool.validation import pydantic_errors
+from sidecar.tool.validation import body_fields, pydantic_errors
 
 _MAX_FIELDS = 3
 _MAX_WORDS = 600
@@ -82,7 +82,7 @@ def at_fault(
         entry = _entry(go[2].partition(".")[2], words, payload, schema)
         return [{**entry, "tool_wants": wants} if wants else entry]
     # A field the tool names is the tool's words too: redacted like them.
-    named = (redactor.redact_text(field) for field in _named(failure, words, payload))
+    named = (redactor.redact_text(field) for field in _named(failure, words, body_text, payload))
     fields = list(dict.fromkeys(named))[:_MAX_FIELDS]
     if not fields:
         return [{"tool_says": words}]
@@ -156,8 +156,13 @@ def _extra_words(body_text: str) -> str:
     return "; " + "; ".join(extra) if extra else ""
 
 
-def _named(failure: ToolFailure | None, words: str, payload: dict[str, Any]) -> Iterator[str]:
-    """The fields the tool names, the surest first."""
+def _named(
+    failure: ToolFailure | None, words: str, body_text: str, payload: dict[str, Any]
+) -> Iterator[str]:
+    """The fields the tool names, the surest first: its validator's structure, its
+    envelope's details, then its words."""
+    message = failure.message if failure is not None else ""
+    yield from map(".".join, body_fields(body_text, message, payload))
     details: Mapping[str, Any] = failure.details if failure is not None else {}
     for key in FIELD_DETAILS:
         if isinstance(details.get(key), str) and details[key]:

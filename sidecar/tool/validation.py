@@ -1,19 +1,29 @@
-"""Whether a 400/422 says the request body is invalid — something a new payload can fix.
+"""Whether a 400/422 says the request body is invalid — something a new payload can fix —
+and which of its fields the validator named.
 
 Read in this order:
 
-1. A FastAPI / pydantic ``{"detail": [{"type", "loc", "msg"}, …]}`` list, error by error:
-   an error of a type below located in the body (``loc`` not starting with ``query``,
-   ``path``, ``header`` or ``cookie``) makes the answer repairable; when every error lies
-   outside the body, no payload can fix it.
-2. Otherwise, a pydantic error type quoted anywhere in the text, or a phrase of Go's
-   ``encoding/json``, JSON Schema validators, pydantic messages or hand-written errors.
+1. The fields a validator's error structure names (``field_references``), in the formats
+   the common validators write: a FastAPI / pydantic ``{"detail": [{"type", "loc", "msg"},
+   …]}`` list, error by error (a pydantic error of a type below makes the answer
+   repairable); a list of errors each with its ``path``, ``pointer``, ``field``,
+   ``param``, ``property`` or ``keys`` (Zod's issues, express-validator's, ajv's and
+   express-openapi-validator's, RFC 9457 problem details' ``errors`` and RFC 7807's
+   ``invalid-params``, Symfony's ``violations``); celebrate's ``validation`` by request
+   part; a map of error messages by field (Rails, go-playground/validator's translations);
+   and the field a message spells out (Go's ``encoding/json`` and go-playground/validator,
+   Echo's bind errors, pydantic's text, express-openapi-validator's ``request/body/…``).
+   Fields of the body make the answer repairable; when every field named lies outside the
+   body (the query, the path, a header, a cookie), no payload can fix it.
+2. Otherwise, a pydantic error type quoted anywhere in the text, or a phrase of one of those
+   validators, JSON Schema validators, Rails, Spring or hand-written errors.
 """
 
 from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from sidecar.tool.json_value import parse_json
@@ -151,21 +161,33 @@ LEFT_OUT_TYPES = {
     "callable_type": "wants a Python callable",
 }
 
-_OUTSIDE_BODY = frozenset({"query", "path", "header", "cookie"})
+_OUTSIDE_BODY = frozenset(
+    {"query", "path", "params", "header", "headers", "cookie", "cookies", "querystring"}
+)
 # pydantic v1 (FastAPI before 0.100) names its types type_error.* and value_error.*.
 _V1_TYPE = re.compile(r"(?:type|value)_error(?:\.[a-z_]+)*")
 
-# Type and validation errors that a changed payload can fix: Go's encoding/json, pydantic
-# and FastAPI, JSON Schema validators and the common hand-written phrasings.
+# Type and validation errors that a changed payload can fix: Go's encoding/json and
+# go-playground/validator, pydantic and FastAPI, JSON Schema validators (Python's jsonschema,
+# ajv), Zod, Joi, Rails, Spring and the common hand-written phrasings.
 VALIDATION_ERROR = re.compile(
-    r"cannot unmarshal|type mismatch|invalid type|wrong type|must be (?:a|an|of type)\b"
-    r"|must be (?:greater|less|at least|at most|between|one of)|is required|required field"
-    r"|missing required|field required|is not valid under|is not of type|expected (?:a |an )?"
-    r"(?:string|number|integer|int|float|bool|boolean|object|array)|invalid (?:value|format)"
+    r"cannot unmarshal|unmarshal type error|type mismatch|invalid type|wrong type"
+    r"|must be (?:a|an|of type)\b|must be (?:greater|less|at least|at most|between|one of)"
+    r"|must be (?:number|string|integer|boolean|object|array|null)\b|must be [<>]=?"
+    r"|must match (?:format|pattern)|must have required propert|must not have additional"
+    r"|must be equal to one of|is required|required field|missing required|field required"
+    r"|failed on the '\w+' tag|is not valid under|is not of type|is not one of"
+    r"|is a required property|is not a '|is (?:less|greater) than the (?:minimum|maximum)"
+    r"|additional properties are not allowed|does not match '|should match pattern"
+    r"|expected (?:a |an )?(?:string|number|integer|int|float|bool|boolean|object|array)"
+    r"|invalid (?:value|format|option|input|email|iso|date|uuid|url)|unrecognized keys?\b"
+    r"|too (?:small|big): expected|is not a number|is not included in the list"
+    r"|can't be blank|failed to read request|invalid request content"
     r"|input should be|should have at (?:least|most)|extra inputs are not permitted"
-    r"|\"type\":\s*\"(?:(?:type|value)_error[a-z_.]*|"
+    r"|validation errors? for \w+\n"
+    r"|(?:\[type=|\"type\":\s*\")(?:(?:type|value)_error[a-z_.]*|"
     + "|".join(sorted(FIXABLE_TYPES, key=len, reverse=True))
-    + r")\"",
+    + r")[\",]",
     re.IGNORECASE,
 )
 
@@ -178,6 +200,10 @@ def find(message: str, text: str) -> Finding:
         if not in_body:
             return Finding.OUTSIDE_BODY
         return Finding.IN_BODY if any(map(_fixable, in_body)) else Finding.NONE
+    references = field_references(text, message)
+    if references:
+        named_in_body = any(where not in _OUTSIDE_BODY for where, _ in references)
+        return Finding.IN_BODY if named_in_body else Finding.OUTSIDE_BODY
     if VALIDATION_ERROR.search(message) or VALIDATION_ERROR.search(text):
         return Finding.IN_BODY
     return Finding.NONE
@@ -218,3 +244,166 @@ def _fixable(error: dict[str, Any]) -> bool:
         and isinstance(message, str)
         and VALIDATION_ERROR.search(message) is not None
     )
+
+
+# A field reference: the part of the request it is in ("body", "query", …) and its path
+# there, as the validator spelled it (a number steps into an array).
+Reference = tuple[str, tuple[str | int, ...]]
+
+# Where an error list is kept, and the keys an error puts its field under.
+_ERROR_LISTS = ("detail", "errors", "issues", "violations", "invalid-params", "invalid_params")
+_FIELD_KEYS = (
+    "loc",
+    "path",
+    "pointer",
+    "instancePath",
+    "instanceLocation",
+    "field",
+    "param",
+    "parameter",
+    "property",
+    "propertyPath",
+)
+_PARTS = frozenset({"body", *_OUTSIDE_BODY})
+# Rails's errors of the record as a whole, not of a field.
+_NOT_FIELDS = frozenset({"base", "message", "error", "errors", "code", "status", "detail"})
+_MAX_ERRORS = 100
+_IDENTIFIER = re.compile(r"[A-Za-z_][\w.\[\]-]*")
+# Fields spelled out in a message: Go's encoding/json, go-playground/validator and Echo,
+# Zod's prettifyError ("→ at nights"), express-openapi-validator's path.
+_TEXT_FIELDS = (
+    re.compile(r"Go struct field [\w.]*?\.([\w.]+) of type"),
+    re.compile(r"Key: '([\w.\[\]]+)' Error:"),
+    re.compile(r"\bfield=([\w.\[\]]+)"),
+    re.compile(r"\u2192 at ([\w.\[\]]+)"),
+)
+_OPENAPI_PATH = re.compile(r"\brequest/(body|query|path|headers)/([\w/.-]*\w)")
+# pydantic's text: "2 validation errors for Model", then each error's location on a line
+# of its own, its message and link indented under it.
+_PYDANTIC_TEXT = re.compile(r"validation errors? for \w+\n")
+_PYDANTIC_LOCATION = re.compile(r"[A-Za-z_][\w.\[\]]*")
+
+
+def field_references(text: str, message: str = "") -> list[Reference]:
+    """The fields an error answer names, each with the request part it is in: in its body's
+    structure (``text``, read as JSON) and in the words of its body and of its envelope's
+    ``message``."""
+    found: list[Reference] = []
+    document = parse_json(text) if text else None
+    if isinstance(document, dict):
+        _from_structure(document, found)
+    if document is None or isinstance(document, str):
+        message = f"{message}\n{document if isinstance(document, str) else text}"
+    elif isinstance(document, dict):
+        texts = [document.get(key) for key in ("message", "detail", "error", "title")]
+        message = "\n".join([message, *(text for text in texts if isinstance(text, str))])
+    _from_text(message, found)
+    return found[:_MAX_ERRORS]
+
+
+def _from_structure(document: dict[str, Any], found: list[Reference]) -> None:
+    holders = [document, *(v for v in (document.get("error"),) if isinstance(v, dict))]
+    for holder in holders:
+        for key in _ERROR_LISTS:
+            errors = holder.get(key)
+            if isinstance(errors, list):
+                for error in errors[:_MAX_ERRORS]:
+                    _from_error(error, found)
+            elif isinstance(errors, dict) and _is_message_map(errors):
+                found += [("body", _split(name)) for name in errors if name not in _NOT_FIELDS]
+    validation = document.get("validation")  # celebrate: one report per request part
+    if isinstance(validation, dict):
+        for part, report in validation.items():
+            keys = report.get("keys") if isinstance(report, dict) else None
+            if isinstance(keys, list):
+                found += [(str(part), _split(key)) for key in keys if isinstance(key, str)]
+    if _is_message_map(document) and all(isinstance(v, list) for v in document.values()):
+        # Rails: every key a field (or "base"), every value its messages.
+        found += [("body", _split(name)) for name in document if name not in _NOT_FIELDS]
+
+
+def _from_error(error: Any, found: list[Reference]) -> None:
+    if not isinstance(error, dict):
+        return
+    part = error.get("location") or error.get("in") or "body"
+    part = part if isinstance(part, str) else "body"
+    where = next((error[key] for key in _FIELD_KEYS if key in error), None)
+    if isinstance(where, str | list) and where:
+        found.append(_located(part, where))
+    for key in ("keys", "fields"):  # unrecognized keys; express-validator's unknown fields
+        named = error.get(key)
+        if isinstance(named, list):
+            for item in named[:_MAX_ERRORS]:
+                if isinstance(item, str):
+                    found.append((part, _split(item)))
+                else:
+                    _from_error(item, found)
+
+
+def _located(part: str, where: str | list[Any]) -> Reference:
+    """A path as a validator wrote it: a list, a JSON pointer, a dotted name."""
+    parts: tuple[str | int, ...] = (
+        tuple(item for item in where if isinstance(item, str | int) and not isinstance(item, bool))
+        if isinstance(where, list)
+        else _split(where)
+    )
+    # pydantic's ``loc`` and express-openapi-validator's ``/body/lat`` lead with the part.
+    if parts and isinstance(parts[0], str) and parts[0] in _PARTS:
+        return parts[0], parts[1:]
+    return part, parts
+
+
+def _split(where: str) -> tuple[str | int, ...]:
+    text = where.removeprefix("#").removeprefix("$").strip()
+    pieces = re.split(r"[./\[\]]", text)
+    return tuple(int(p) if p.isdigit() else p for p in pieces if p)
+
+
+def _is_message_map(value: dict[str, Any]) -> bool:
+    """Error messages by field: every value a message or a list of them, every key a name."""
+    if not value:
+        return False
+    for key, item in value.items():
+        if not isinstance(key, str) or _IDENTIFIER.fullmatch(key) is None:
+            return False
+        messages = item if isinstance(item, list) else [item]
+        if not messages or not all(isinstance(m, str) for m in messages):
+            return False
+    return True
+
+
+def _from_text(message: str, found: list[Reference]) -> None:
+    for pattern in _TEXT_FIELDS:
+        found += [("body", _split(match)) for match in pattern.findall(message)]
+    found += [(part, _split(path)) for part, path in _OPENAPI_PATH.findall(message)]
+    for header in _PYDANTIC_TEXT.finditer(message):
+        for line in message[header.end() :].splitlines()[:_MAX_ERRORS]:
+            if line[:1].isspace():
+                continue  # an error's message or link
+            if _PYDANTIC_LOCATION.fullmatch(line) is None:
+                break
+            found.append(("body", _split(line)))
+
+
+def field_key(name: str) -> str:
+    """A field's name as names compare: ``CheckIn``, ``check_in`` and ``checkIn`` are one."""
+    return re.sub(r"[^0-9a-z]", "", name.casefold())
+
+
+def body_fields(text: str, message: str, payload: Mapping[str, Any]) -> list[tuple[str, ...]]:
+    """The body fields an error answer names (``field_references``), as paths into
+    ``payload``: array indices dropped, a type's name before the field
+    (go-playground/validator's ``BookingRequest.CheckIn``) left out, and a field the payload
+    holds spelled as it spells it (``Units`` for ``units``)."""
+    top = {field_key(name): name for name in payload}
+    paths = []
+    for part, where in field_references(text, message):
+        if part in _OUTSIDE_BODY:
+            continue
+        path = tuple(item for item in where if isinstance(item, str))
+        if len(path) > 1 and path[0][:1].isupper() and field_key(path[0]) not in top:
+            path = path[1:]
+        if path:
+            # Spelled as the payload spells it, when it holds the field.
+            paths.append((top.get(field_key(path[0]), path[0]), *path[1:]))
+    return paths
