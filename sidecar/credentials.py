@@ -36,6 +36,14 @@ HTTP_CREDENTIAL = re.compile(r"(?i)\b(Bearer|Basic|Token)(\s+)([A-Za-z0-9._~+/=-
 # a password may hold an unescaped ``@``. The scheme is bounded: unbounded, every letter of
 # a long run such as ``a-a-a-…`` started a scan to the run's end, time quadratic in it.
 URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,31}://)([^/?#\s\"'<>]*@)")
+# ``user:password@host`` with no scheme before it, as a path segment or a value may carry a
+# URL (``/fetch/user:pw@h.example/x``): the userinfo in group 2, a host name after it. The
+# colon is what marks a password: ``alice@example.com`` is an address, not a credential.
+# Both parts are bounded, as the scheme above is, so that no run of text is scanned once
+# per place it could start.
+BARE_USERINFO = re.compile(
+    r"(?i)(^|[/=\s\"'(,;])([\w.~!$&'*+-]{0,256}:[^/?#\s\"'<>@]{0,256}@)(?=[a-z0-9])"
+)
 
 MASK = "***"
 # A byte each pattern above, or a percent-escape of one, needs: text with none of them (most
@@ -56,23 +64,33 @@ def mask_credentials(text: str, replace: Callable[[str], str] = _masked) -> str:
     credential) replaced by ``replace(credential)``: the mask, or the redactor's placeholder.
     """
     text = URL_USERINFO.sub(lambda found: found[1] + replace(found[2][:-1]) + "@", text)
+    text = BARE_USERINFO.sub(lambda found: found[1] + replace(found[2][:-1]) + "@", text)
     text = QUERY_CREDENTIAL.sub(lambda found: found[1] + replace(found[2]), text)
     return HTTP_CREDENTIAL.sub(lambda found: found[1] + found[2] + replace(found[3]), text)
 
 
+# Percent-escapes undone at most this many times: a credential escaped twice (a URL in a
+# path segment of a URL in a query) is found; no path needs more.
+_MAX_DECODINGS = 3
+
+
 def mask_path(text: str) -> str:
     """``text`` (a path, a label, a log field) with each credential masked, also one spelled
-    in percent-escapes (``%3Ftoken%3D…``, ``%3Bkey%3D…``): as given when it holds none,
-    else decoded with its credentials masked. Every metric label, log field and page that
-    carries a path shows it through this one rule."""
+    in percent-escapes, once or more (``%3Ftoken%3D…``, ``user%253Apw%2540h``): as given
+    when it holds none, else decoded as far as its credential showed, with it masked. Every
+    metric label, log field and page that carries a path shows it through this one rule."""
     if not _MAYBE_CREDENTIAL.search(text):
         return text
     masked = mask_credentials(text)
-    if "%" not in masked:
-        return masked
-    decoded = unquote(masked)
-    redone = mask_credentials(decoded)
-    return masked if redone == decoded else redone
+    decoded = masked
+    for _ in range(_MAX_DECODINGS):
+        if "%" not in decoded:
+            break
+        decoded = unquote(decoded)
+        redone = mask_credentials(decoded)
+        if redone != decoded:
+            return redone
+    return masked
 
 
 def mask_url(url: URL) -> str:

@@ -13,11 +13,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from structlog.testing import capture_logs
 
 from sidecar.serve.app import HOOKS, create_admin_app
 from sidecar.telemetry.events import RequestFinished
 from sidecar.telemetry.recent import RecentCalls, tool_answered
-from tests.conftest import FakeClock
+from tests.conftest import FakeClock, scripted
 
 # Recognisable values the agent sends that must never reach the page.
 BEARER_TOKEN = "sk-live-7d1e0c55a9b04e2f"
@@ -308,3 +309,31 @@ async def test_sidecar_ui_off_answers_404_and_records_nothing(
     assert [answer.status for answer in answers] == [404, 404, 404]
     assert (await admin.get("/metrics")).status == 200
     assert not any(isinstance(sink, RecentCalls) for sink in sidecar.app[HOOKS].sinks)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/r/fetch/user:us-9f3c2e@h.example/x",
+        "/r/fetch/https%3A%2F%2Fuser%3Aus-9f3c2e%40h.example%2Fx",
+        "/r/fetch/user%253Aus-9f3c2e%2540h.example/x",
+    ],
+    ids=["bare", "escaped-once", "escaped-twice"],
+)
+async def test_a_credential_in_a_path_reaches_no_label_page_or_log_line(
+    make_tool, make_sidecar, aiohttp_client, path
+):
+    """The tool's circuit is named by its path: the credential there is masked in the
+    circuit's label, on the live page and in every log line, at debug too."""
+    failing = await make_tool(scripted(lambda: web.json_response({}, status=503)))
+    sidecar = await make_sidecar(failing, max_retries=0)
+    admin = await aiohttp_client(create_admin_app(sidecar.app))
+
+    with capture_logs() as logs:
+        await sidecar.client.get(path)
+    _, page = await read_state(admin)
+    metrics = await (await admin.get("/metrics")).text()
+
+    assert "us-9f3c2e" not in page
+    assert "us-9f3c2e" not in metrics and 'tool="/r/fetch/' in metrics
+    assert "us-9f3c2e" not in json.dumps(logs, default=str)
