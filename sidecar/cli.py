@@ -129,6 +129,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = structlog.get_logger("sidecar")
     for variable in ignored:
         log.warning("unknown_variable", variable=variable.name, reason=str(variable))
+    if settings.old_deadline_setting():
+        log.warning(
+            "setting_meaning_changed",
+            setting="request_timeout_ms",
+            reason="since 0.6 SIDECAR_REQUEST_TIMEOUT_MS is the whole request's deadline and "
+            "cuts a first attempt too; 0.5's meaning, the window of a request's retries, is "
+            "SIDECAR_RETRY_WINDOW_MS (default 4 s)",
+        )
     served = settings.served()
     hand_off(served)  # on Linux, this process continues as a fresh interpreter
     return serve_until_stopped(served)

@@ -1,5 +1,6 @@
-"""The agent's clock: the shipped defaults end their retries inside a 5 s agent timeout, and
-the deadline that bounds retries never cuts a slow tool's first attempt."""
+"""The agent's clock: the shipped defaults end their retries inside a 5 s agent timeout; the
+retry window never cuts a slow tool's first attempt, and the whole request's deadline cuts
+everything, the first attempt included."""
 
 from __future__ import annotations
 
@@ -23,12 +24,16 @@ ROOM_FOR_THE_ANSWER_S = 1.0
 
 
 def worst_case_end_s(
-    tuning: Tuning, first_attempt_s: float, retry_attempt_s: float, answer: Reply | AttemptError
+    tuning: Tuning,
+    first_attempt_s: float,
+    retry_attempt_s: float,
+    answer: Reply | AttemptError,
+    tool_answering: bool = True,
 ) -> tuple[float, Outcome]:
     """When a request whose every attempt gets ``answer`` ends, with every random wait at
     its largest (full jitter at its step, a requested wait stretched by the full 25 %);
     the first attempt takes ``first_attempt_s``, each retry ``retry_attempt_s`` unless the
-    deadline cuts it first."""
+    retry window cuts it first. ``tool_answering``: the tool's recent requests show it up."""
     backoff = Backoff(
         base_s=tuning.backoff_base_ms / 1000,
         cap_s=tuning.backoff_max_ms / 1000,
@@ -37,6 +42,7 @@ def worst_case_end_s(
         uniform=lambda low, high: high,
     )
     limits = Limits(tuning.max_retries, tuning.max_retry_after_ms / 1000)
+    window_s = tuning.retry_window_ms / 1000
     deadline_s = tuning.request_timeout_ms / 1000
     per_try_s = tuning.per_try_timeout_ms / 1000
     verdict = classify(answer, tuning.retry_on_status)
@@ -49,13 +55,14 @@ def worst_case_end_s(
             verdict=verdict,
             retries=retries,
             limits=limits,
-            time_left_s=deadline_s - now,
+            time_left_s=window_s - now,
             budget_left=True,
             replayable=True,
             safe_to_repeat=True,
             cut_by_deadline=cut,
             requested_s=requested_s,
             previous_wait_s=previous,
+            tool_answering=tool_answering,
         )
         decision = decide(known, backoff)
         if isinstance(decision, Stop):
@@ -64,7 +71,7 @@ def worst_case_end_s(
         now += decision.wait.seconds
         previous = decision.wait.seconds
         retries += 1
-        allowed = attempt_timeout_s(per_try_s, deadline_s - now, first=False, agent_deadline=False)
+        allowed = attempt_timeout_s(per_try_s, deadline_s - now, window_s - now, first=False)
         cut = retry_attempt_s > allowed
         if cut:
             verdict = classify(AttemptError.TIMEOUT, tuning.retry_on_status)
@@ -80,10 +87,10 @@ RATE_LIMITED = Reply(429, None, "")
     [
         (0.0, 0.0, UNAVAILABLE),  # instant 503s: the waits alone
         (0.5, 0.5, UNAVAILABLE),
-        (1.5, 1.5, UNAVAILABLE),  # slow 503s: the deadline cuts the third retry
-        (3.9, 1.0, UNAVAILABLE),  # a first attempt ending just before the deadline
+        (1.5, 1.5, UNAVAILABLE),  # slow 503s: the window cuts the third retry
+        (3.9, 1.0, UNAVAILABLE),  # a first attempt ending just before the window
         (0.0, 0.0, RATE_LIMITED),  # Retry-After: 1, stretched to 1.25 s, three times
-        (0.0, 30.0, AttemptError.CONNECT),  # connects that hang: cut by the deadline
+        (0.0, 30.0, AttemptError.CONNECT),  # connects that hang: cut by the window
         (0.0, 0.0, AttemptError.RESET),
     ],
 )
@@ -94,50 +101,66 @@ def test_the_shipped_schedule_ends_before_an_agents_5_s_timeout(first_s, retry_s
     assert outcome in (Outcome.EXHAUSTED, Outcome.UNREACHABLE, Outcome.DEADLINE)
 
 
-def test_the_shipped_waits_are_in_envoys_range():
-    """Envoy's retry back-off: 25 ms base, ten times that at most. The longest the
-    default three retries can wait in all is 25 + 50 + 100 ms."""
-    end_s, outcome = worst_case_end_s(Tuning(), 0.0, 0.0, UNAVAILABLE)
+@pytest.mark.parametrize(
+    ("tool_answering", "longest_s"),
+    [
+        # A tool whose recent requests show it up: the cap's ten retries, their waits
+        # 25 + 50 + 100 + 200 ms and then 250 ms six times.
+        (True, 1.875),
+        # One that does not: three retries, as 0.5 gave every tool, 25 + 50 + 100 ms.
+        (False, 0.175),
+    ],
+)
+def test_the_shipped_waits_are_in_envoys_range(tool_answering, longest_s):
+    """Envoy's retry back-off: 25 ms base, ten times that at most."""
+    end_s, outcome = worst_case_end_s(Tuning(), 0.0, 0.0, UNAVAILABLE, tool_answering)
 
     assert (Tuning().backoff_base_ms, Tuning().backoff_max_ms) == (25, 250)
-    assert end_s == pytest.approx(0.175)
+    assert end_s == pytest.approx(longest_s)
     assert outcome is Outcome.EXHAUSTED
 
 
 @pytest.mark.parametrize(
-    ("per_try_s", "time_left_s", "first", "agent_deadline", "allowed_s"),
+    ("per_try_s", "to_deadline_s", "to_window_s", "first", "allowed_s"),
     [
-        (30.0, 4.0, True, False, 30.0),  # a slow tool's first call runs to the per-try
-        (30.0, -1.0, True, False, 30.0),
-        (30.0, 4.0, False, False, 4.0),  # a retry ends by the deadline
-        (2.0, 4.0, False, False, 2.0),
-        (30.0, 0.5, True, True, 0.5),  # the agent's own deadline binds the first too
+        (30.0, 120.0, 4.0, True, 30.0),  # a slow tool's first call runs past the window
+        (30.0, 120.0, -1.0, True, 30.0),
+        (30.0, 120.0, 4.0, False, 4.0),  # a retry ends with the window
+        (2.0, 120.0, 4.0, False, 2.0),
+        (30.0, 0.5, 0.5, True, 0.5),  # the whole request's deadline cuts the first too
+        (30.0, 2.0, 4.0, False, 2.0),  # ... and any retry
     ],
 )
-def test_the_deadline_bounds_retries_not_the_first_attempt(
-    per_try_s, time_left_s, first, agent_deadline, allowed_s
+def test_the_window_bounds_retries_and_the_deadline_everything(
+    per_try_s, to_deadline_s, to_window_s, first, allowed_s
 ):
-    allowed = attempt_timeout_s(per_try_s, time_left_s, first=first, agent_deadline=agent_deadline)
-    assert allowed == allowed_s
+    assert attempt_timeout_s(per_try_s, to_deadline_s, to_window_s, first=first) == allowed_s
 
 
-async def test_a_tool_slower_than_the_deadline_answers_its_first_call(make_tool, make_sidecar):
-    """The request deadline (here 0.3 s) is sized for retries: a tool whose healthy answer
-    takes 0.5 s still gets its call through; an agent that set its own deadline does not
-    wait past it (0.2 s)."""
+async def test_a_tool_slower_than_the_window_answers_and_one_slower_than_the_deadline_does_not(
+    make_tool, make_sidecar
+):
+    """The retry window (here 0.3 s) is sized for retries: a tool whose healthy answer takes
+    0.5 s still gets its call through. The whole request's deadline, configured (0.3 s) or
+    the agent's own (0.2 s), cuts the first attempt too: nobody waits past it (0.5: the
+    configured one did not, and the answer came at 0.5 s)."""
 
     async def slow(request: web.Request) -> web.Response:
         await asyncio.sleep(0.5)
         return web.json_response({"success": True})
 
     tool = await make_tool(slow)
-    sidecar = await make_sidecar(tool, request_timeout_ms=300, per_try_timeout_ms=5000)
+    windowed = await make_sidecar(tool, retry_window_ms=300, per_try_timeout_ms=5000)
+    bounded = await make_sidecar(tool, request_timeout_ms=300, per_try_timeout_ms=5000)
 
-    answered = await sidecar.client.post("/", json={})
-    cut = await sidecar.client.post("/", json={}, headers={"X-Sidecar-Timeout-Ms": "200"})
+    answered = await windowed.client.post("/", json={})
+    cut_by_agent = await windowed.client.post("/", json={}, headers={"X-Sidecar-Timeout-Ms": "200"})
+    cut = await bounded.client.post("/", json={})
 
     assert answered.status == 200
     assert answered.headers["X-Sidecar-Outcome"] == "ok"
-    assert cut.status == 504
-    assert cut.headers["X-Sidecar-Outcome"] == "deadline"
-    assert (await cut.json())["error"]["code"] == "UPSTREAM_TIMEOUT"
+    for response in (cut_by_agent, cut):
+        assert response.status == 504
+        assert response.headers["X-Sidecar-Outcome"] == "deadline"
+        error = (await response.json())["error"]
+        assert (error["code"], error["details"]["reason"]) == ("UPSTREAM_TIMEOUT", "deadline")

@@ -213,6 +213,8 @@ def test_the_tuning_page_is_linked_and_its_example_is_a_configuration_that_loads
     routes = resolve_routes(load_settings())
 
     assert {route.name for route in routes} == {"reports", "search"}
-    # The page's own rule: each route's deadline leaves room for a retry.
+    # The page's own rule: each route's retry window leaves room for a retry, and its
+    # deadline for the window.
     for route in routes:
-        assert route.tuning.request_timeout_ms > 2 * route.tuning.per_try_timeout_ms
+        assert route.tuning.retry_window_ms > 2 * route.tuning.per_try_timeout_ms
+        assert route.tuning.request_timeout_ms >= route.tuning.retry_window_ms

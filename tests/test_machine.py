@@ -19,7 +19,7 @@ from sidecar.outcomes import AttemptError, Outcome
 from sidecar.repair.payload import Payload
 from sidecar.retry.classify import classify
 from sidecar.retry.guards.budget import RetryBudget
-from sidecar.retry.guards.circuit import CircuitBreaker, CircuitState
+from sidecar.retry.guards.circuit import EVIDENCE, CircuitBreaker, CircuitState, Ticket
 from sidecar.retry.machine import RetryMachine
 from sidecar.retry.policy import Backoff, Limits
 from sidecar.retry.steps import (
@@ -95,6 +95,8 @@ class Life:
     open_for_s: float | None = None
     settled: str = ""  # how the circuit counts it: "failed", "ok", "" for not at all
     session: bool = False  # an MCP request on a session the sidecar may open again
+    beyond_window_s: float = 0.0  # how much longer than the retry window the deadline is
+    tool_up: bool = False  # the tool's recent requests show it answering
 
 
 def judged(copy: Send, token: str) -> tuple[Attempt, Handle | None]:
@@ -111,9 +113,15 @@ def judged(copy: Send, token: str) -> tuple[Attempt, Handle | None]:
     return Attempt(copy, label, verdict, reply, requested_s=requested_s), Handle(label)
 
 
-def circuit_for(clock: Clock) -> CircuitBreaker:
+def circuit_ticket(circuit: CircuitBreaker) -> Ticket:
+    ticket = circuit.admit()
+    assert isinstance(ticket, Ticket)
+    return ticket
+
+
+def circuit_for(clock: Clock, min_failures: int = 1) -> CircuitBreaker:
     return CircuitBreaker(
-        min_failures=1,
+        min_failures=min_failures,
         min_calls=1,
         failure_rate=0.5,
         window_s=10.0,
@@ -135,9 +143,9 @@ def machine_for(life: Life, clock: Clock) -> tuple[RetryMachine[Handle], Circuit
     terms = Terms(
         limits=Limits(life.max_retries, 30.0),
         backoff=BACKOFF,
-        deadline=clock() + life.timeout_s,
+        deadline=clock() + life.timeout_s + life.beyond_window_s,
+        retry_until=clock() + life.timeout_s,
         per_try_s=2.0,
-        agent_deadline=False,
         safe_to_repeat=life.safe_to_repeat,
         replay_always=False,
         hedge_after_s=life.hedge_after_s,
@@ -147,7 +155,10 @@ def machine_for(life: Life, clock: Clock) -> tuple[RetryMachine[Handle], Circuit
         shares_cooldowns=life.shares_cooldowns,
         session_reopenable=life.session,
     )
-    circuit = circuit_for(clock)
+    circuit = circuit_for(clock, min_failures=0 if life.tool_up else 1)
+    if life.tool_up:
+        for _ in range(EVIDENCE):
+            circuit.record(circuit_ticket(circuit), failed=False)
     if life.circuit_open:
         trip(circuit)
     budget = RetryBudget(1.0 if life.budget_per_s else 0.0, life.budget_per_s, clock)
@@ -286,6 +297,17 @@ LIVES = [
          "Prepare Send WaitRetry Send WaitRetry Send Settle:failed",
          "503 backoff=0.5s, 503 backoff=1s, 503 stop=exhausted", Outcome.EXHAUSTED, 3,
          max_retries=2, answer="503", settled="failed"),
+    Life("a tool that shows it answers is retried past three, within the cap",
+         ("503", "503", "503", "503", "503", "200"),
+         "Prepare Send WaitRetry Send WaitRetry Send WaitRetry Send WaitRetry Send WaitRetry "
+         "Send Settle:ok",
+         "503 backoff=0.5s, 503 backoff=1s, 503 backoff=2s, 503 backoff=4s, 503 backoff=8s, 200",
+         Outcome.RECOVERED, 6, max_retries=10, timeout_s=60.0, answer="200", settled="ok",
+         tool_up=True),
+    Life("one with no such evidence gets three, as in 0.5", ("503", "503", "503", "503"),
+         "Prepare Send WaitRetry Send WaitRetry Send WaitRetry Send Settle:failed",
+         "503 backoff=0.5s, 503 backoff=1s, 503 backoff=2s, 503 stop=exhausted",
+         Outcome.EXHAUSTED, 4, max_retries=10, timeout_s=60.0, answer="503", settled="failed"),
     Life("never connected", ("connect_error", "connect_error"),
          "Prepare Send WaitRetry Send Settle:failed",
          "connect_error backoff=0.5s, connect_error stop=unreachable", Outcome.UNREACHABLE, 2,

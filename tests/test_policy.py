@@ -289,20 +289,23 @@ def test_zero_failures_disables_the_breaker():
 
 
 @pytest.mark.parametrize(
-    ("headers", "retries", "timeout_s"),
+    ("headers", "retries", "timeout_s", "window_s"),
     [
-        ({}, 3, 4.0),
-        ({"X-Sidecar-Max-Retries": "1"}, 1, 4.0),
-        ({"X-Sidecar-Max-Retries": "10"}, 3, 4.0),
-        ({"X-Sidecar-Max-Retries": "-1"}, 3, 4.0),
-        ({"X-Sidecar-Max-Retries": "1e3"}, 3, 4.0),
-        ({"X-Sidecar-Max-Retries": "²"}, 3, 4.0),
-        ({"X-Sidecar-Timeout-Ms": "500"}, 3, 0.5),
-        ({"X-Sidecar-Timeout-Ms": "999999999"}, 3, 4.0),
-        ({"X-Sidecar-Timeout-Ms": "0"}, 3, 4.0),
-        ({"X-Sidecar-Timeout-Ms": "soon"}, 3, 4.0),
+        ({}, 10, 120.0, 4.0),
+        ({"X-Sidecar-Max-Retries": "1"}, 1, 120.0, 4.0),
+        ({"X-Sidecar-Max-Retries": "30"}, 10, 120.0, 4.0),
+        ({"X-Sidecar-Max-Retries": "-1"}, 10, 120.0, 4.0),
+        ({"X-Sidecar-Max-Retries": "1e3"}, 10, 120.0, 4.0),
+        ({"X-Sidecar-Max-Retries": "²"}, 10, 120.0, 4.0),
+        # The agent's deadline is the whole request's, and the window ends by it.
+        ({"X-Sidecar-Timeout-Ms": "9000"}, 10, 9.0, 4.0),
+        ({"X-Sidecar-Timeout-Ms": "500"}, 10, 0.5, 0.5),
+        ({"X-Sidecar-Timeout-Ms": "999999999"}, 10, 120.0, 4.0),
+        ({"X-Sidecar-Timeout-Ms": "0"}, 10, 120.0, 4.0),
+        ({"X-Sidecar-Timeout-Ms": "soon"}, 10, 120.0, 4.0),
     ],
 )
-def test_control_headers_only_lower_limits(headers, retries, timeout_s):
+def test_control_headers_only_lower_limits(headers, retries, timeout_s, window_s):
     controls = request_controls(Tuning(), headers)
     assert (controls.max_retries, controls.timeout_s) == (retries, timeout_s)
+    assert controls.retry_window_s == window_s

@@ -340,7 +340,7 @@ def _http_date(seconds_from_now: float) -> str:
 )
 async def test_every_wait_source_is_honoured(make_tool, make_sidecar, first, expected_wait):
     tool = await make_tool(scripted(first, OK))
-    sidecar = await make_sidecar(tool, max_retry_after_ms=60000, request_timeout_ms=120000)
+    sidecar = await make_sidecar(tool, max_retry_after_ms=60000, retry_window_ms=120000)
 
     response = await sidecar.client.get("/")
 
@@ -366,7 +366,7 @@ async def test_http_date_and_unix_time_waits(make_tool, make_sidecar):
             OK,
         )
     )
-    sidecar = await make_sidecar(tool, request_timeout_ms=120000)
+    sidecar = await make_sidecar(tool, retry_window_ms=120000)
 
     await sidecar.client.get("/")
 
@@ -438,9 +438,9 @@ async def test_deadline_cuts_a_slow_retry(make_tool, make_sidecar):
 
 
 async def test_waiting_uses_up_the_deadline(make_tool, make_sidecar):
-    """Retry-After: 2 each time and a 5 s deadline: two waits fit, the third does not."""
+    """Retry-After: 2 each time and a 5 s retry window: two waits fit, the third does not."""
     tool = await make_tool(scripted(json_answer(503, {}, {"Retry-After": "2"})))
-    sidecar = await make_sidecar(tool, clock=FakeClock(), request_timeout_ms=5000, max_retries=10)
+    sidecar = await make_sidecar(tool, clock=FakeClock(), retry_window_ms=5000, max_retries=10)
 
     response = await sidecar.client.get("/")
 

@@ -64,7 +64,7 @@ def test_served_settings_copy_the_validated_values(tmp_path: Path):
     assert served.route_configs == settings.route_configs
     [weather, search] = served.route_configs
     assert isinstance(weather, RouteConfig) and isinstance(weather.tuning, ServedTuning)
-    assert (weather.tuning.max_retries, search.tuning.max_retries) == (5, 3)
+    assert (weather.tuning.max_retries, search.tuning.max_retries) == (5, 10)
     assert (weather.tuning.repair, search.tuning.repair) == ("auto", "off")
     assert weather.tuning.retry_on_status == frozenset({429, 503})
     assert weather.tuning.backoff_base_ms == 50

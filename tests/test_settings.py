@@ -22,12 +22,13 @@ def test_defaults_are_the_contracts():
 
     assert (settings.host, settings.port, settings.admin_port) == ("127.0.0.1", 8090, 9464)
     assert settings.admin_host == "127.0.0.1"
-    assert settings.max_retries == 3
+    assert settings.max_retries == 10  # a cap: the window and the budget bound retries first
     assert (settings.backoff_base_ms, settings.backoff_max_ms) == (25, 250)
     assert settings.backoff_multiplier == 2.0
     assert settings.backoff_jitter == "full"
     assert settings.max_retry_after_ms == 60000
-    assert (settings.per_try_timeout_ms, settings.request_timeout_ms) == (30000, 4000)
+    assert (settings.per_try_timeout_ms, settings.request_timeout_ms) == (30000, 120000)
+    assert settings.retry_window_ms == 4000
     assert settings.retry_on_status == {500, 502, 503, 504}
     assert settings.upstream_max_connections == 1000
     assert settings.max_body_bytes == 10485760
@@ -373,3 +374,19 @@ def test_an_unknown_variable_is_compared_with_every_setting_by_its_words(typed, 
     # one word of it mistyped, gets a suggestion too.
     [unknown] = unknown_variables({typed: "3"})
     assert unknown.suggestion == meant
+
+
+@pytest.mark.parametrize(
+    ("variables", "warned"),
+    [
+        ({}, False),
+        ({"SIDECAR_REQUEST_TIMEOUT_MS": "500"}, True),  # 0.5 read it as the retry window
+        ({"SIDECAR_REQUEST_TIMEOUT_MS": "500", "SIDECAR_RETRY_WINDOW_MS": "400"}, False),
+        ({"SIDECAR_RETRY_WINDOW_MS": "400"}, False),
+    ],
+)
+def test_a_deadline_set_the_0_5_way_is_named_at_start(monkeypatch, variables, warned):
+    monkeypatch.setenv("SIDECAR_UPSTREAM_URL", UPSTREAM)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert load_settings().old_deadline_setting() is warned

@@ -94,7 +94,11 @@ class Tuning(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_retries: Count = Field(3, le=100)
+    # The cap: the retry window, the backoff and the budget bound a request's retries first.
+    # 10: at 30% independent faults an 8-call agent task needs 6 attempts a call to succeed
+    # 99% of the time (0.3^6 x 8 = 0.6%), and 10 retries' worst backoffs (1.9 s) fit the 4 s
+    # window; a tool that is down gets 3 (RETRIES_WHILE_UNPROVEN), as in 0.5.
+    max_retries: Count = Field(10, le=100)
     # Envoy's own defaults (25 ms, ten times that): an agent's 5 s clock leaves no room
     # for second-long waits, and the deadline below caps whatever the waits add up to.
     backoff_base_ms: DurationMs = 25
@@ -110,7 +114,9 @@ class Tuning(BaseModel):
     replay_delivered: ReplayMode = "safe"
     # Retries end by 4 s: inside the 5 s timeout of openai-agents' MCP client and httpx,
     # with a second for the answer to reach the agent. A first attempt is not cut by it.
-    request_timeout_ms: DurationMs = Field(4000, gt=0)
+    retry_window_ms: DurationMs = Field(4000, gt=0)
+    # The whole request: every attempt, the first included, and its waits and repairs.
+    request_timeout_ms: DurationMs = Field(120000, gt=0)
     retry_on_status: Annotated[frozenset[Count], NoDecode] = frozenset({500, 502, 503, 504})
     max_body_bytes: Count = 10 * 1024 * 1024
     retry_budget_ratio: Number = Field(0.2, ge=0.0)
@@ -321,6 +327,16 @@ class Settings(Tuning, BaseSettings):
         if len(set(prefixes)) != len(prefixes):
             raise ValueError("route prefixes must be unique")
         return self
+
+    def old_deadline_setting(self) -> bool:
+        """Whether ``request_timeout_ms`` is set (for the process or a route) with no
+        ``retry_window_ms`` beside it: 0.5 read it as the window of the retries, which
+        ``retry_window_ms`` is now; it is the whole request's deadline since 0.6."""
+        routes = [spec.overrides for spec in self.routes]
+        return any(
+            "request_timeout_ms" in fields and "retry_window_ms" not in fields
+            for fields in (self.model_fields_set, *routes)
+        )
 
     def all_route_specs(self) -> list[RouteSpec]:
         """The file's routes plus the ``default`` route made from ``upstream_url``."""

@@ -65,6 +65,7 @@ class ServedTuning:
     per_try_max_ms: int
     inspect_timeout_ms: int
     replay_delivered: ReplayMode
+    retry_window_ms: int
     request_timeout_ms: int
     retry_on_status: frozenset[int]
     max_body_bytes: int

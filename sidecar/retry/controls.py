@@ -22,11 +22,10 @@ _MAX_INTENT_CHARS = 2000
 @dataclass(frozen=True, slots=True)
 class RequestControls:
     max_retries: int
-    timeout_s: float
+    timeout_s: float  # the whole request's deadline: every attempt, the first too
+    retry_window_s: float  # no retry's wait or attempt starts after it, nor outlasts it
     repair: RepairLevel
     intent: str | None  # what the user asked for, for the LLM
-    # The agent set a deadline below the configured one: it bounds the first attempt too.
-    agent_deadline: bool = False
 
 
 def request_controls(tuning: ServedTuning, headers: Mapping[str, str]) -> RequestControls:
@@ -36,10 +35,9 @@ def request_controls(tuning: ServedTuning, headers: Mapping[str, str]) -> Reques
     if asked_retries is not None:
         max_retries = min(max_retries, asked_retries)
 
+    # The agent's deadline is the whole request's, as the configured one is: lower only.
     timeout_ms = tuning.request_timeout_ms
-    asked_timeout = _non_negative_int(headers.get(TIMEOUT_MS)) or timeout_ms
-    agent_deadline = asked_timeout < timeout_ms
-    timeout_ms = min(timeout_ms, asked_timeout)
+    timeout_ms = min(timeout_ms, _non_negative_int(headers.get(TIMEOUT_MS)) or timeout_ms)
 
     repair = tuning.repair
     asked_repair = (headers.get(REPAIR) or "").strip().lower()
@@ -51,9 +49,9 @@ def request_controls(tuning: ServedTuning, headers: Mapping[str, str]) -> Reques
     return RequestControls(
         max_retries=max_retries,
         timeout_s=timeout_ms / 1000,
+        retry_window_s=min(tuning.retry_window_ms, timeout_ms) / 1000,
         repair=repair,
         intent=intent[:_MAX_INTENT_CHARS] if intent else None,
-        agent_deadline=agent_deadline,
     )
 
 

@@ -31,7 +31,7 @@ class AfterAttempt:
     verdict: Verdict
     retries: int  # retries made before this decision
     limits: Limits
-    time_left_s: float  # until the request's deadline
+    time_left_s: float  # until the retry window ends
     budget_left: bool  # the route's retry budget would allow one more retry
     replayable: bool  # the body is buffered (a streamed one goes once)
     safe_to_repeat: bool  # the call may run twice at the tool without harm
@@ -41,6 +41,7 @@ class AfterAttempt:
     requested_s: float | None = None  # the wait the tool asked for
     previous_wait_s: float | None = None
     repair: RepairAnswer | None = None  # set once the repair layers were asked
+    tool_answering: bool = True  # the tool's recent requests show it up
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +127,7 @@ def _retry_same(state: AfterAttempt, backoff: Backoff) -> Decision:
         previous_s=state.previous_wait_s,
         time_left_s=state.time_left_s,
         unreachable=state.not_connected,
+        tool_answering=state.tool_answering,
     )
     if isinstance(plan, Outcome):
         return _stopped(plan)

@@ -35,7 +35,7 @@ from sidecar.retry.decide import (
 )
 from sidecar.retry.guards.budget import RetryBudget
 from sidecar.retry.guards.circuit import CircuitBreaker, Ticket
-from sidecar.retry.policy import attempt_timeout_s, plan_cooldown
+from sidecar.retry.policy import RETRIES_WHILE_UNPROVEN, attempt_timeout_s, plan_cooldown
 from sidecar.retry.steps import (
     BUDGET_EXHAUSTED,
     CIRCUIT_REFUSED,
@@ -166,7 +166,7 @@ class RetryMachine(Generic[A]):
             cooldown_s=cooldown_s,
             limits=terms.limits,
             backoff=terms.backoff,
-            time_left_s=terms.deadline - self._clock(),
+            time_left_s=terms.retry_until - self._clock(),
         )
         if isinstance(plan, Wait):
             self._trail.append(f"{plan.source}={seconds_token(plan.seconds)}")
@@ -285,7 +285,7 @@ class RetryMachine(Generic[A]):
                 self._payload,
                 frozenset(sent.fingerprint for sent in self._sent),
                 self._llm_repairs_left,
-                self.terms.deadline - self._clock(),
+                self.terms.retry_until - self._clock(),
             )
         return self._carry_out(decision, None)
 
@@ -352,8 +352,8 @@ class RetryMachine(Generic[A]):
         per_try = attempt_timeout_s(
             terms.per_try_s,
             terms.deadline - now,
+            terms.retry_until - now,
             first=self._attempts == 1,
-            agent_deadline=terms.agent_deadline,
         )
         return Send(self._attempts, now, per_try, hedge)
 
@@ -364,7 +364,7 @@ class RetryMachine(Generic[A]):
             verdict=verdict,
             retries=self._retries,
             limits=terms.limits,
-            time_left_s=terms.deadline - self._clock(),
+            time_left_s=terms.retry_until - self._clock(),
             # Summing the budget's window costs a few µs: looked at only when the verdict
             # leaves a retry open (``decide`` reads it for nothing else).
             budget_left=verdict.action is not Action.DONE and self._budget.available(),
@@ -376,6 +376,8 @@ class RetryMachine(Generic[A]):
             requested_s=attempt.requested_s,
             previous_wait_s=self._previous_wait,
             repair=repair,
+            # Read only where it can decide: from the fourth retry on.
+            tool_answering=self._retries < RETRIES_WHILE_UNPROVEN or self._circuit.answering(),
         )
 
     def _report(self, report: Step[A], then: Step[A]) -> Step[A]:
@@ -409,13 +411,16 @@ class RetryMachine(Generic[A]):
             paused_for_s, tool = None, ""
         else:
             tool = self.terms.tool
+        reason = last.error_reason
+        if outcome is Outcome.DEADLINE and error is AttemptError.TIMEOUT:
+            reason = "deadline"  # the request's time ran out, not the tool's per-try
         return Result(
             outcome,
             self._attempts,
             tuple(self._trail),
             answer,
             error,
-            last.error_reason,
+            reason,
             paused_for_s,
             tool,
             self._answered_layers,

@@ -49,27 +49,33 @@ class Backoff:
         return requested_s * self.uniform(1.0, REQUESTED_WAIT_SPREAD)
 
 
+# The retries a request gets whatever its tool's state: 0.5's count. Past them, a retry is
+# spent only while the tool shows it is up (``CircuitBreaker.answering``), so that a tool
+# that is down gets no more retries than in 0.5, and a flaky one all the window allows.
+RETRIES_WHILE_UNPROVEN = 3
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The bounds of one request's retries."""
 
-    max_retries: int
+    max_retries: int  # the cap; the retry window and the budget bound them before it
     max_retry_after_s: float
 
 
 def attempt_timeout_s(
-    per_try_s: float, time_left_s: float, *, first: bool, agent_deadline: bool
+    per_try_s: float, to_deadline_s: float, to_window_s: float, *, first: bool
 ) -> float:
     """How long one attempt may wait for its answer's head.
 
-    The deadline bounds the retries, not the call: a first attempt gets the whole per-try
-    timeout, so a tool whose healthy answer takes longer than a deadline sized for an
-    agent's retries still answers. Only a deadline the agent set itself
-    (``X-Sidecar-Timeout-Ms``) bounds the first attempt too: past it nobody waits.
+    The whole request's deadline bounds every attempt: past it nobody waits. The retry
+    window bounds the retries, not the call: a first attempt is not cut by it, so a tool
+    whose healthy answer takes longer than a window sized for an agent's retries still
+    answers; a retry's attempt ends with the window.
     """
-    if first and not agent_deadline:
-        return per_try_s
-    return min(per_try_s, time_left_s)
+    if first:
+        return min(per_try_s, to_deadline_s)
+    return min(per_try_s, to_window_s, to_deadline_s)
 
 
 def plan_wait(
@@ -81,14 +87,18 @@ def plan_wait(
     previous_s: float | None,
     time_left_s: float,
     unreachable: bool,
+    tool_answering: bool = True,
 ) -> Wait | Outcome:
     """The wait before the next retry, or why there is none.
 
-    A wait the tool asked for is honoured up to ``max_retry_after_s``; past that the answer
-    goes back at once (sleeping that long helps nobody). It is spread within those limits
-    and the deadline, and never shortened. No wait may outlast the deadline.
+    Past ``RETRIES_WHILE_UNPROVEN`` retries only a tool that shows it is up
+    (``tool_answering``) is tried again, up to ``max_retries``. A wait the tool asked for is
+    honoured up to ``max_retry_after_s``; past that the answer goes back at once (sleeping
+    that long helps nobody). It is spread within those limits and the retry window, and
+    never shortened. No wait may outlast the window.
     """
-    if retries_done >= limits.max_retries:
+    unproven = retries_done >= RETRIES_WHILE_UNPROVEN and not tool_answering
+    if retries_done >= limits.max_retries or unproven:
         return Outcome.UNREACHABLE if unreachable else Outcome.EXHAUSTED
     if requested_s is not None:
         if requested_s > limits.max_retry_after_s:

@@ -204,9 +204,9 @@ class Terms(NamedTuple):
 
     limits: Limits
     backoff: Backoff
-    deadline: float  # on the machine's clock
+    deadline: float  # the whole request's, on the machine's clock: every attempt ends by it
+    retry_until: float  # the retry window's end: no retry's wait or attempt outlasts it
     per_try_s: float  # the configured per-try timeout
-    agent_deadline: bool  # the agent set the deadline: it bounds the first attempt too
     safe_to_repeat: bool  # the call may run twice at the tool without harm
     replay_always: bool  # ``replay_delivered: always``: sent again once delivered, even so
     hedge_after_s: float  # when a copy goes, for a call safe to repeat; 0: never

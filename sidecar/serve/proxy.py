@@ -254,6 +254,8 @@ class Proxy:
         """The request, its body in, through the retry engine; the tool's answer relayed,
         or ours."""
         route = target.route
+        controls = request_controls(route.tuning, request.headers)
+        deadline = asyncio.get_running_loop().time() + controls.timeout_s
         headers = upstream_request_headers(
             request.headers, client_address=request.remote, scheme=request.scheme,
             request_id=request_id,
@@ -267,9 +269,7 @@ class Proxy:
         upstream = UpstreamRequest(request.method, target.url, headers, sent, host=host)
         buffered = None if payload is None else payload.body
         with self._mcp_requests.watch(route.name, request.headers, buffered) as stop:
-            result = await self._engine.run(
-                route, upstream, request_controls(route.tuning, request.headers), payload, stop
-            )
+            result = await self._engine.run(route, upstream, controls, payload, stop)
         call.outcome, call.attempts = result.outcome, result.attempts
         call.trail = ", ".join(result.trail)
         self._waiting_for_tool.discard(task)
@@ -278,7 +278,7 @@ class Proxy:
             report = _report(result)
             if SESSION_HEADER in request.headers or call.opens_session():
                 await self._keep_session_books(request, call, route, result.answer, report)
-            stream = self._stream_terms(request, call, route, result.answer)
+            stream = self._stream_terms(request, call, route, result.answer, deadline)
             return await relay(request, result.answer, report, stream)
         streamed = body if isinstance(body, StreamedBody) else None
         response = call.own(self._answer_of_our_own(call.route, result, streamed))
@@ -307,11 +307,17 @@ class Proxy:
             report[SESSION_HEADER] = agents
 
     def _stream_terms(
-        self, request: AgentRequest, call: _Call, route: RouteConfig, answer: Answer
+        self,
+        request: AgentRequest,
+        call: _Call,
+        route: RouteConfig,
+        answer: Answer,
+        deadline: float,
     ) -> StreamTerms | None:
         """How long the tool's event stream may go on (``None``: not an event stream). A
         ``GET`` or an MCP ``subscriptions/listen`` carries no answer to wait for: its stream
-        ends at the drain; a call's stream not yet past its answer is owed one."""
+        ends at the drain; a call's stream not yet past its answer is owed one, by the
+        request's ``deadline`` (loop time) at the latest."""
         if not is_event_stream(answer.response.content_type):
             return None
         rpc = mcp_call(call.body) if call.body else None
@@ -323,7 +329,7 @@ class Proxy:
             self._streams_end,
             answer_due=not long_lived and answer.reader is not None and not answer.decisive,
             idle_s=tuning.per_try_timeout_ms / 1000,
-            until=asyncio.get_running_loop().time() + tuning.per_try_max_ms / 1000,
+            until=min(deadline, asyncio.get_running_loop().time() + tuning.per_try_max_ms / 1000),
         )
 
     def _answer_of_our_own(

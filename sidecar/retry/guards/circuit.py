@@ -17,6 +17,9 @@ succeeded probes close it with a fresh window.
 Every change of state starts a new generation. A request's verdict counts only in the
 generation that admitted it: a slow request from before the circuit opened cannot close
 it, and one from before it closed cannot re-open it.
+
+The window also says whether the tool answers (``answering``): a request's retries past
+the first three are spent only on a tool that does (``retry.policy``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from dataclasses import dataclass
 from sidecar.retry.guards.window import SlidingCounts
 
 _REQUESTS, _FAILURES = 0, 1
+# The requests a window must hold before it says a tool answers.
+EVIDENCE = 5
 
 
 def opens(requests: int, failures: int, min_calls: int, min_failures: int, rate: float) -> bool:
@@ -95,6 +100,13 @@ class CircuitBreaker:
             return 0.0
         return max(0.0, self._opened_at + self._open_s - self._clock())
 
+    def answering(self) -> bool:
+        """Whether the tool's recent requests show it up: at least ``EVIDENCE`` of them
+        finished in the window, and fewer than the failure rate failed. The window is kept
+        also when the breaker is off (``min_failures`` 0): it never opens then."""
+        requests, failures = self._window.totals()
+        return requests >= EVIDENCE and failures < self._failure_rate * requests
+
     def allows_more(self, ticket: Ticket) -> bool:
         """Whether a request admitted with ``ticket`` may make another attempt now."""
         return self.state is CircuitState.CLOSED or self._is_current_probe(ticket)
@@ -128,12 +140,14 @@ class CircuitBreaker:
                 if self._probes_passed >= self._probes:
                     self._change(CircuitState.CLOSED)
             return
-        if self.state is not CircuitState.CLOSED or not self._min_failures:
+        if self.state is not CircuitState.CLOSED:
             return
         self._window.add(_REQUESTS)
         if not failed:
             return
         self._window.add(_FAILURES)
+        if not self._min_failures:
+            return  # the breaker is off: the window still says whether the tool answers
         requests, failures = fleet_totals or self._window.totals()
         if opens(requests, failures, self._min_calls, self._min_failures, self._failure_rate):
             self._change(CircuitState.OPEN)
