@@ -420,7 +420,8 @@ class Restartable:
     urls: list[str]
     http: aiohttp.ClientSession
     current: int = 0
-    received: list[list[str]] = field(default_factory=lambda: [[], []])
+    received: list[list[str]] = field(default_factory=lambda: [[], [], []])
+    restart_after: str | None = None  # a method that restarts the server once it is received
 
     def restart(self) -> None:
         self.current += 1
@@ -428,9 +429,13 @@ class Restartable:
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         sent = orjson.loads(body) if body else {}
-        self.received[self.current].append(sent.get("method", request.method))
+        method = sent.get("method", request.method)
+        self.received[self.current].append(method)
         headers = {name: request.headers[name] for name in _ASKED if name in request.headers}
         url = self.urls[self.current] + request.path_qs
+        if method == self.restart_after:
+            self.restart_after = None
+            self.restart()
         async with self.http.request(request.method, url, data=body, headers=headers) as answer:
             relayed = web.StreamResponse(
                 status=answer.status,
@@ -463,9 +468,10 @@ async def restartable(
     async with (
         uvicorn_serving(echo_server("first").streamable_http_app()) as first_url,
         uvicorn_serving((second or echo_server("second")).streamable_http_app()) as second_url,
+        uvicorn_serving(echo_server("third").streamable_http_app()) as third_url,
         aiohttp.ClientSession() as http,
     ):
-        servers = Restartable([first_url, second_url], http)
+        servers = Restartable([first_url, second_url, third_url], http)
         yield servers, await make_tool(servers)
 
 
@@ -515,6 +521,41 @@ async def test_a_session_the_server_forgot_is_opened_again_and_the_call_runs_onc
     assert [line["event"] for line in logs if line["event"].startswith("mcp_session")] == [
         "mcp_session_reopened"
     ]
+
+
+@pytest.mark.parametrize(
+    ("restart_after", "second_received"),
+    [
+        ("initialize", ["tools/call", "initialize"]),
+        ("notifications/initialized", ["tools/call", "initialize", "notifications/initialized"]),
+    ],
+)
+async def test_a_session_lost_again_while_it_is_opened_again_is_opened_once_more(
+    make_tool, make_sidecar, restart_after, second_received
+):
+    """The server restarts again while the sidecar opens the new session (its
+    ``notifications/initialized`` or the call meets the third server's 404): the call's
+    second 404 opens a session on the third server, where the call runs once."""
+    async with restartable(make_tool) as (servers, tool):
+        sidecar = await make_sidecar(tool)
+        wire = Wire()
+        async with mcp_client(str(sidecar.client.make_url("/mcp")), wire, mode="legacy") as client:
+            await client.call_tool("echo", {"text": "a"})
+            servers.restart()
+            servers.restart_after = restart_after
+            during = await client.call_tool("echo", {"text": "b"})
+
+    assert during.content[0].text == "third: b"
+    _, lost = wire.tool_calls()
+    assert lost.headers["X-Sidecar-Trail"] == "404 session=reopened, 404 session=reopened, 200"
+    assert servers.received[1] == second_received
+    opened_on_third = ["initialize", "notifications/initialized", "tools/call", "DELETE"]
+    assert servers.received[2][-4:] == opened_on_third
+    assert servers.received[2].count("tools/call") == 2  # its 404, then the call that ran
+    assert (
+        sidecar.metric("sidecar_mcp_sessions_reopened_total", route="default", result="reopened")
+        == 2
+    )
 
 
 async def test_a_session_the_sidecar_never_saw_opened_gets_the_servers_404(make_tool, make_sidecar):

@@ -63,6 +63,11 @@ from sidecar.retry.steps import (
 
 _SUCCEEDED = frozenset({Outcome.OK, Outcome.RECOVERED})
 
+# The times one request's session is opened again: a server that restarts again, or replicas
+# behind a balancer that does not keep a session to the one that opened it, which forget
+# each new session too, cost at most three sessions a request.
+SESSION_REOPENS = 3
+
 
 class RetryMachine(Generic[A]):
     """One request's retry life. ``start`` gives the first action; each event method the
@@ -81,7 +86,7 @@ class RetryMachine(Generic[A]):
         "_previous_wait",
         "_queue",
         "_records",
-        "_reopened",
+        "_reopens_left",
         "_result",
         "_retries",
         "_sent",
@@ -112,7 +117,7 @@ class RetryMachine(Generic[A]):
         self._answer: A | None = None
         self._answered_layers: tuple[str, ...] = ()
         self._attempts = self._retries = 0
-        self._reopened = False  # the request's MCP session was opened again once
+        self._reopens_left = SESSION_REOPENS
         self._previous_wait: float | None = None
         self._queue: list[Step[A]] = []  # actions due before ``_then``
         # What follows the queue: a function, not a bound method, which would make the
@@ -231,7 +236,7 @@ class RetryMachine(Generic[A]):
         """The MCP session the server forgot was ``opened`` again, or could not be: the
         request goes once more on the new session (the 404 proved it never ran), or its
         404 goes back as it came."""
-        self._reopened = True
+        self._reopens_left = self._reopens_left - 1 if opened else 0
         if not opened:
             return self._decide()
         last = self._records[-1]
@@ -271,7 +276,12 @@ class RetryMachine(Generic[A]):
 
     def _decide(self) -> Step[A]:
         last = self._records[-1]
-        if self.terms.session_reopenable and not self._reopened and _session_lost(last):
+        if (
+            self._reopens_left
+            and self.terms.session_reopenable
+            and _session_lost(last)
+            and self._clock() < self.terms.retry_until
+        ):
             return REOPEN_SESSION
         verdict = last.verdict
         if verdict.action is Action.DONE:

@@ -157,30 +157,36 @@ async def _open(
     pool: Pool, failed: UpstreamRequest, initialize: bytes, limit: int, timeout_s: float
 ) -> str | None:
     """A new session opened with ``initialize`` on the server ``failed`` went to, with its
-    credentials; the id the server gave it, or ``None`` when it gave none."""
+    credentials; the id the server gave it, or ``None`` when it gave none. A ``404`` to
+    its ``notifications/initialized`` says the server forgot it already (it restarted
+    again): the id is given all the same, so that the request meets the same ``404`` and
+    the machine decides whether to open one once more."""
     headers: CIMultiDict[str] = CIMultiDict(
         (name, value) for name, value in failed.headers.items() if name.lower() not in _NOT_CARRIED
     )
     headers["Content-Type"] = "application/json"
     headers["Accept"] = "application/json, text/event-stream"
     opening = UpstreamRequest("POST", failed.url, headers, initialize, host=failed.host)
-    answered = await _exchanged(pool, opening, limit, timeout_s)
-    if answered is None:
-        return None
-    session = answered.headers.get(SESSION_HEADER)
-    if session is None:
+    opened = await _exchanged(pool, opening, limit, timeout_s)
+    session = None if opened is None else opened.headers.get(SESSION_HEADER)
+    if session is None or not _succeeded(opened):
         return None
     headers[SESSION_HEADER] = session
     initialized = UpstreamRequest("POST", failed.url, headers, INITIALIZED, host=failed.host)
-    if await _exchanged(pool, initialized, limit, timeout_s) is None:
+    acknowledged = await _exchanged(pool, initialized, limit, timeout_s)
+    if acknowledged is None or not (_succeeded(acknowledged) or acknowledged.status == 404):
         return None
     return session
+
+
+def _succeeded(answered: Response | None) -> bool:
+    return answered is not None and 200 <= answered.status < 300
 
 
 async def _exchanged(
     pool: Pool, request: UpstreamRequest, limit: int, timeout_s: float
 ) -> Response | None:
-    """``request``'s answer, read and given back, when it was a success."""
+    """``request``'s answer, read and given back; ``None`` when none came whole."""
     sent = await send(pool, request, timeout_s)
     if not isinstance(sent, Response):
         return None
@@ -188,7 +194,7 @@ async def _exchanged(
     if not isinstance(answer, Answer):
         return None  # broken or malformed: its connection is closed already
     answer.discard()
-    return sent if 200 <= sent.status < 300 else None
+    return sent
 
 
 def with_session(request: UpstreamRequest, session: str) -> UpstreamRequest:
