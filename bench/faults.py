@@ -1,7 +1,8 @@
 """Side by side on a fault-injecting tool: Envoy with its best retry policy, the sidecar with
 its shipped defaults.
 
-    python bench/faults.py [--calls 50] [--concurrency 10] [--soak-seconds 30] [--out FILE]
+    python bench/faults.py [--calls 50] [--concurrency 10] [--soak-seconds 30]
+                           [--sidecar-src DIR] [--out FILE]
 
 For each scenario a fresh proxy of each kind is started in front of the scripted tool in
 bench/fault_tool.py, and an agent makes ``--calls`` POST tool calls, ``--concurrency`` at a
@@ -12,8 +13,10 @@ attempts per call as the tool counted them, client-side p50/p99, wrongful retrie
 attempt after a ``retryable: false`` answer, before the HTTP-date a 429 named, or a replay
 of a delivered POST the agent did not mark idempotent) and the answers the proxy made up
 itself. The sidecar runs through its own CLI with no setting changed but its listen
-address (127.0.0.1). Everything listens on 127.0.0.1 and every process started is stopped
-by its PID before the script returns.
+address (127.0.0.1); ``--sidecar-src DIR`` runs it from the ``sidecar/`` package in DIR instead
+of the installed project, to compare the sidecar's code before and after a change. Everything
+listens on 127.0.0.1 and every process started is stopped by its PID before the script
+returns.
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import envoy
 import orjson
 from aiohttp import web
 from fault_tool import RATE_LIMITED_EARLY, STAMP, FaultTool, Step
-from processes import SIDECAR_ON_LOOPBACK, Bench, free_port
+from processes import SIDECAR_ON_LOOPBACK, Bench, free_port, tree_serve
 from report import Report
 
 BODY = b'{"location": "Tokyo, Japan", "units": "metric", "lat": 35.6, "lon": 139.7}'
@@ -201,6 +204,15 @@ def sidecar_cli() -> str:
     return str(cli)
 
 
+def sidecar_command(sidecar_src: Path | None, *arguments: str) -> list[str]:
+    """``tool-retry-sidecar arguments…``: the installed CLI, or the sidecar in ``sidecar_src``."""
+    if sidecar_src is None:
+        return [sidecar_cli(), *arguments]
+    *python, serve = tree_serve(sidecar_src.resolve())  # its command ends with ``serve``
+    assert serve == "serve", serve
+    return [*python, *arguments]
+
+
 @contextlib.asynccontextmanager
 async def proxy(
     bench: Bench,
@@ -209,11 +221,13 @@ async def proxy(
     settings: Mapping[str, str] | None = None,
     envoy_policy: envoy.RetryPolicy = envoy.BEST_RETRY_POLICY,
     envoy_hedge: bool = False,
+    sidecar_src: Path | None = None,
 ) -> AsyncIterator[str]:
     """A fresh proxy of ``kind`` in front of 127.0.0.1:upstream_port; yields its base URL.
 
     ``settings`` (``SIDECAR_*`` variables) change the sidecar's shipped defaults;
-    ``envoy_policy`` and ``envoy_hedge`` are Envoy's route retry and hedge policies."""
+    ``envoy_policy`` and ``envoy_hedge`` are Envoy's route retry and hedge policies;
+    ``sidecar_src`` runs the sidecar from that tree instead of the installed project."""
     port, admin_port = free_port(), free_port()
     if kind == "envoy":
         config = envoy.config(
@@ -223,7 +237,8 @@ async def proxy(
         running = bench.start("envoy", None, *envoy.command(path))
         ready = f"http://127.0.0.1:{admin_port}/ready"
     else:
-        command = [sidecar_cli(), "serve", "--upstream", f"http://127.0.0.1:{upstream_port}"]
+        upstream = f"http://127.0.0.1:{upstream_port}"
+        command = sidecar_command(sidecar_src, "serve", "--upstream", upstream)
         command += ["--port", str(port), "--admin-port", str(admin_port)]
         env = {**sidecar_env(), **(settings or {})}
         running = bench.start("sidecar", None, *command, env=env, inherit_env=False)
@@ -347,10 +362,12 @@ def row(
     )
 
 
-def sidecar_settings(settings: Mapping[str, str] | None = None) -> dict[str, object]:
+def sidecar_settings(
+    settings: Mapping[str, str] | None = None, sidecar_src: Path | None = None
+) -> dict[str, object]:
     """What ``check-config`` says the sidecar would run with, given ``settings``."""
     shown = subprocess.run(
-        [sidecar_cli(), "check-config", "--upstream", "http://127.0.0.1:9"],
+        sidecar_command(sidecar_src, "check-config", "--upstream", "http://127.0.0.1:9"),
         capture_output=True,
         text=True,
         check=True,
@@ -360,10 +377,11 @@ def sidecar_settings(settings: Mapping[str, str] | None = None) -> dict[str, obj
     return decoded
 
 
-def sidecar_defaults() -> str:
-    settings = sidecar_settings()
+def sidecar_defaults(sidecar_src: Path | None = None) -> str:
+    settings = sidecar_settings(sidecar_src=sidecar_src)
     keys = (
         "max_retries",
+        "retry_window_ms",
         "backoff_base_ms",
         "backoff_max_ms",
         "backoff_jitter",
@@ -393,7 +411,8 @@ async def run(args: argparse.Namespace, say: Callable[[str], None], workdir: Pat
         for scenario in chosen:
             for kind in PROXIES:
                 upstream = dead_port if scenario.dead else tool_port
-                async with proxy(bench, kind, upstream) as base, agent_session() as session:
+                running = proxy(bench, kind, upstream, sidecar_src=args.sidecar_src)
+                async with running as base, agent_session() as session:
                     calls = await burst(session, base, kind, scenario, args.calls, args.concurrency)
                 rows.append(
                     row(scenario.title, kind, calls, tool, scenario.idempotent, scenario.dead)
@@ -405,7 +424,8 @@ async def run(args: argparse.Namespace, say: Callable[[str], None], workdir: Pat
                 f"{args.soak_fault_ratio:.0%} of one endpoint's answers faulty"
             )
             for kind in PROXIES:
-                async with proxy(bench, kind, tool_port) as base, agent_session() as session:
+                running = proxy(bench, kind, tool_port, sidecar_src=args.sidecar_src)
+                async with running as base, agent_session() as session:
                     calls = await soak(session, base, kind, args.soak_rate, args.soak_seconds)
                 steady = f"/{kind}/{SOAK_STEADY}/"
                 rows.append(row(title, kind, calls, tool, True, steady_prefix=steady))
@@ -429,6 +449,9 @@ def main() -> int:
         "--only",
         help="comma-separated scenario keys: " + ",".join(scenario.key for scenario in SCENARIOS),
     )
+    parser.add_argument(
+        "--sidecar-src", type=Path, help="run the sidecar from the sidecar/ package in this tree"
+    )
     parser.add_argument("--out", help="also write the report to this file")
     args = parser.parse_args()
     say = Report()
@@ -441,7 +464,10 @@ def main() -> int:
         f"Envoy {envoy.version()} (one worker), retry policy: "
         f"`{orjson.dumps(envoy.BEST_RETRY_POLICY.as_config()).decode()}`."
     )
-    say(f"Sidecar shipped defaults: {sidecar_defaults()}.")
+    say(
+        f"Sidecar from {args.sidecar_src or 'the installed project'}, shipped defaults: "
+        f"{sidecar_defaults(args.sidecar_src)}."
+    )
     say(
         f"{args.calls} calls per scenario, {args.concurrency} at a time, a fresh proxy per "
         f"row; {platform.machine()}, {os.cpu_count()} cores, load average before "
