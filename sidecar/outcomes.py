@@ -1,7 +1,8 @@
 """How an attempt and a request end: the words every layer shares.
 
-An attempt ends in an answer or in one ``AttemptError`` kind, never both. The kinds
-say where the attempt stopped, because that decides whether it may be sent again::
+An attempt ends in an answer or in ``NoAnswer``: one ``AttemptError`` kind, never both,
+and for a malformed answer its fault in words. The kinds say where the attempt stopped,
+because that decides whether it may be sent again::
 
     AttemptError
     ├── not delivered: nothing reached the tool, so a replay is always safe
@@ -25,6 +26,7 @@ from __future__ import annotations
 import enum
 import errno
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class AttemptError(enum.Enum):
@@ -52,6 +54,13 @@ class AttemptError(enum.Enum):
     def local(self) -> bool:
         """The sidecar itself is saturated; the tool was never asked."""
         return self in (AttemptError.POOL_TIMEOUT, AttemptError.NO_FDS)
+
+
+class NoAnswer(NamedTuple):
+    """An attempt that ended without an answer the agent can have."""
+
+    error: AttemptError
+    reason: str | None = None  # a malformed answer's fault, in words
 
 
 def out_of_descriptors(exc: object) -> bool:

@@ -49,7 +49,7 @@ def test_at_most_ten_modules_sit_directly_in_the_package() -> None:
 # docs/architecture.md's layers, bottom first. A module may import from its own layer and
 # those below; ``inject`` and ``demo`` sit beside the stack, above config and serve.
 LAYERS = (
-    ("outcomes", "ids", "credentials", "build"),
+    ("outcomes", "bugs", "ids", "credentials", "build"),
     ("config",),
     ("tool", "transport"),
     ("telemetry",),

@@ -11,44 +11,52 @@ from __future__ import annotations
 import gc
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
-from sidecar.outcomes import AttemptError, Outcome
+from sidecar.bugs import SidecarBug
+from sidecar.outcomes import AttemptError, NoAnswer, Outcome
 from sidecar.repair.payload import Payload
-from sidecar.retry.classify import classify
 from sidecar.retry.guards.budget import RetryBudget
 from sidecar.retry.guards.circuit import EVIDENCE, CircuitBreaker, CircuitState, Ticket
 from sidecar.retry.machine import RetryMachine
+from sidecar.retry.phases import AWAITS, EVENTS, MachineEvent, OutOfTurn, Phase
 from sidecar.retry.policy import Backoff, Limits
 from sidecar.retry.steps import (
-    Attempt,
+    AttemptJudged,
+    Command,
+    Paused,
     Prepare,
     ReadCooldown,
+    Relayed,
     ReopenSession,
     Repair,
     RepairJudged,
+    Report,
     ReportBudgetExhausted,
     ReportCircuitRefused,
-    Result,
     Send,
     SendHedged,
     Settle,
     ShareCooldown,
-    Step,
     Terms,
+    Unanswered,
     UsePayload,
     WaitCooldown,
     WaitRetry,
 )
-from sidecar.tool.envelopes import Reply, ToolFailure
 
 RETRY_ON = frozenset({500, 502, 503, 504})
 # No jitter, and requested waits not stretched: every wait below is exact.
 BACKOFF = Backoff(base_s=0.5, cap_s=10.0, multiplier=2.0, jitter="none", uniform=lambda a, b: a)
 ATTEMPT_S = 0.05  # what an attempt takes unless its token says otherwise
-VALIDATION = ToolFailure("problem+json", message="lat: Input should be a valid number")
+# A validation error as FastAPI's problem details say it: what asks for a repair.
+VALIDATION = (
+    b'{"type": "about:blank", "title": "Unprocessable Entity", "status": 422, '
+    b'"detail": "lat: Input should be a valid number"}'
+)
+WALL = 1_700_000_000.0  # the Unix time the machine reads a Retry-After date against
 
 
 class Clock:
@@ -61,11 +69,30 @@ class Clock:
 
 @dataclass
 class Handle:
-    """The tool's answer as the machine holds it."""
+    """The tool's answer as the machine reads and holds it."""
 
     label: str
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
     complete: bool = True
     discarded: bool = False
+    slow: bool = False
+    broken: bool = False
+    resumed: bool = False
+
+    @property
+    def status(self) -> int:
+        return int(self.label)
+
+    @property
+    def decisive(self) -> bool:
+        return self.complete
+
+    def judged(self) -> tuple[bytes, str | None]:
+        return self.body, None
+
+    def document(self) -> object:
+        return None
 
     def discard(self) -> None:
         self.discarded = True
@@ -99,18 +126,14 @@ class Life:
     tool_up: bool = False  # the tool's recent requests show it answering
 
 
-def judged(copy: Send, token: str) -> tuple[Attempt, Handle | None]:
-    """An attempt's answer, as ``attempt.judge`` reads it: ``503``, ``429 retry-after=1``,
-    ``422`` (a validation error), or an ``AttemptError``'s value."""
+def answer_of(token: str) -> Handle | NoAnswer:
+    """An attempt's answer: ``503``, ``429 retry-after=1``, ``422`` (a validation error),
+    or an ``AttemptError``'s value."""
     label, _, asked = token.partition(" retry-after=")
     if not label.isdigit():
-        error = AttemptError(label)
-        return Attempt(copy, label, classify(error, RETRY_ON), error=error), None
-    status = int(label)
-    reply = Reply(status, VALIDATION if status == 422 else None)
-    requested_s = float(asked) if asked else None
-    verdict = classify(reply, RETRY_ON)
-    return Attempt(copy, label, verdict, reply, requested_s=requested_s), Handle(label)
+        return NoAnswer(AttemptError(label))
+    headers = {"Retry-After": asked} if asked else {}
+    return Handle(label, headers, VALIDATION if label == "422" else b"")
 
 
 def circuit_ticket(circuit: CircuitBreaker) -> Ticket:
@@ -153,6 +176,7 @@ def machine_for(life: Life, clock: Clock) -> tuple[RetryMachine[Handle], Circuit
         tool="weather",
         path="/weather/current",
         shares_cooldowns=life.shares_cooldowns,
+        retry_on_status=RETRY_ON,
         session_reopenable=life.session,
     )
     circuit = circuit_for(clock, min_failures=0 if life.tool_up else 1)
@@ -162,13 +186,18 @@ def machine_for(life: Life, clock: Clock) -> tuple[RetryMachine[Handle], Circuit
     if life.circuit_open:
         trip(circuit)
     budget = RetryBudget(1.0 if life.budget_per_s else 0.0, life.budget_per_s, clock)
-    return RetryMachine(terms, circuit=circuit, budget=budget, clock=clock), circuit
+    machine = RetryMachine(terms, circuit=circuit, budget=budget, clock=clock, wall=lambda: WALL)
+    return machine, circuit
+
+
+Result = Relayed[Handle] | Unanswered | Paused
+ENDS = (Relayed, Unanswered, Paused)
 
 
 @dataclass
 class Played:
     actions: list[str]
-    result: Result[Handle]
+    result: Result
     handles: list[Handle]
     # What the machine was given to read the time with, held by nothing the caller keeps:
     # alive for as long as the machine is (a compiled machine takes no weak reference).
@@ -176,78 +205,85 @@ class Played:
 
 
 def play(life: Life) -> Played:
-    """Drive ``life`` through the machine, answering each action from its world."""
+    """Drive ``life`` through the machine, answering each command from its world and
+    writing down the reports it leaves (but the attempts judged, one per attempt)."""
     clock = Clock()
     machine, circuit = machine_for(life, clock)
     world: Iterator[str] = iter(life.world)
     actions: list[str] = []
     handles: list[Handle] = []
 
-    def answer(copy: Send, token: str) -> Step[Handle]:
+    def answer(copy: Send, token: str) -> Command[Handle]:
         seconds = token.rpartition(" +")[2] if " +" in token else ""
         token = token.partition(" +")[0]
         clock.now += float(seconds.rstrip("s")) if seconds else ATTEMPT_S
-        attempt, handle = judged(copy, token)
-        if handle is not None:
-            handles.append(handle)
-        return machine.answered(attempt, handle)
+        answered = answer_of(token)
+        if isinstance(answered, Handle):
+            handles.append(answered)
+        return machine.answered(copy, answered)
 
-    action: Step[Handle] = machine.start()
-    while not isinstance(action, Result):
-        actions.append(type(action).__name__)
-        if isinstance(action, Settle):
-            actions[-1] = f"Settle:{'failed' if action.failed else 'ok'}"
-            action = machine.settled()
+    command: Command[Handle] | Result = machine.start()
+    while True:
+        actions.extend(
+            reported(report)
+            for report in machine.take_reports()
+            if not isinstance(report, AttemptJudged)
+        )
+        if isinstance(command, ENDS):
+            break
+        actions.append(type(command).__name__)
+        if isinstance(command, Settle):
+            actions[-1] = f"Settle:{'failed' if command.failed else 'ok'}"
+            command = machine.settled()
             continue
-        if isinstance(action, Prepare):
-            action = machine.prepared(None if life.streamed else Payload(b'{"lat": "35.6"}'))
+        if isinstance(command, Prepare):
+            command = machine.prepared(None if life.streamed else Payload(b'{"lat": "35.6"}'))
             continue
         asks = Send | SendHedged | ReadCooldown | Repair | ReopenSession
-        token = next(world) if isinstance(action, asks) else ""
+        token = next(world) if isinstance(command, asks) else ""
         if token == "cancel":
             actions.append("cancelled")
-            action = machine.cancelled()
-        elif isinstance(action, Send):
-            action = answer(action, token)
-        elif isinstance(action, SendHedged):
-            clock.now += action.after_s
+            command = machine.cancelled()
+        elif isinstance(command, Send):
+            command = answer(command, token)
+        elif isinstance(command, SendHedged):
+            clock.now += command.after_s
             copy = machine.hedge_due()
             actions.append("hedge" if copy else "no hedge")
-            action = answer(copy or action.first, token)
-        elif isinstance(action, WaitRetry | WaitCooldown):
-            seconds = action.wait.seconds if isinstance(action, WaitRetry) else action.seconds
+            command = answer(copy or command.first, token)
+        elif isinstance(command, WaitRetry | WaitCooldown):
+            seconds = command.wait.seconds if isinstance(command, WaitRetry) else command.seconds
             clock.now += seconds
             if life.trip_in_wait:
                 trip(circuit)
-            action = machine.slept()
-        elif isinstance(action, ReadCooldown):
-            action = machine.cooldown_read(float(token.removeprefix("cooldown=")))
-        elif isinstance(action, ReopenSession):
-            action = machine.reopened(token == "reopened")
-        elif isinstance(action, Repair):
+            command = machine.slept()
+        elif isinstance(command, ReadCooldown):
+            command = machine.cooldown_read(float(token.removeprefix("cooldown=")))
+        elif isinstance(command, ReopenSession):
+            command = machine.reopened(token == "reopened")
+        else:
+            assert isinstance(command, Repair)
             layer = token.removeprefix("repair=")
             if layer == "none":
-                action = machine.repaired(None, None, False, 0)
+                command = machine.repaired(None, None, False, 0)
             else:
-                payload = Payload(b'{"lat": 35.6}', (*action.payload.layers, layer))
-                action = machine.repaired(payload, layer, False, 0)
-        else:
-            actions[-1] = reported(action)
-            action = machine.resume()
-    assert machine.trail == action.trail
-    return Played(actions, action, handles, weakref.ref(clock))
+                payload = Payload(b'{"lat": 35.6}', (*command.payload.layers, layer))
+                command = machine.repaired(payload, layer, False, 0)
+    assert machine.trail == command.trail
+    assert machine.phase is Phase.ENDED
+    return Played(actions, command, handles, weakref.ref(clock))
 
 
-def reported(action: Step[Handle]) -> str:
-    """An action with no answer of its own, as the table writes it."""
-    if isinstance(action, ShareCooldown):
-        return f"ShareCooldown:{action.seconds:g}s"
-    if isinstance(action, UsePayload):
-        return f"UsePayload:{action.layer}"
-    if isinstance(action, RepairJudged):
-        return f"RepairJudged:{action.layer}:{action.result}"
-    assert isinstance(action, ReportBudgetExhausted | ReportCircuitRefused)
-    return type(action).__name__
+def reported(report: Report) -> str:
+    """A report, as the table writes it."""
+    if isinstance(report, ShareCooldown):
+        return f"ShareCooldown:{report.seconds:g}s"
+    if isinstance(report, UsePayload):
+        return f"UsePayload:{report.layer}"
+    if isinstance(report, RepairJudged):
+        return f"RepairJudged:{report.layer}:{report.result}"
+    assert isinstance(report, ReportBudgetExhausted | ReportCircuitRefused)
+    return type(report).__name__
 
 
 LIVES = [
@@ -292,7 +328,7 @@ LIVES = [
     Life("timeout cut by the deadline", ("503 +0.1s", "timeout +0.8s"),
          "Prepare Send WaitRetry Send Settle:failed",
          "503 backoff=0.5s, timeout stop=deadline", Outcome.DEADLINE, 2, timeout_s=1.4,
-         answer="503", error=AttemptError.TIMEOUT, settled="failed"),
+         answer="503", settled="failed"),
     Life("retries exhausted", ("503", "503", "503"),
          "Prepare Send WaitRetry Send WaitRetry Send Settle:failed",
          "503 backoff=0.5s, 503 backoff=1s, 503 stop=exhausted", Outcome.EXHAUSTED, 3,
@@ -383,20 +419,38 @@ def test_a_request_life(life: Life) -> None:
     assert " ".join(played.actions) == life.actions
     assert ", ".join(result.trail) == life.trail
     assert (result.outcome, result.attempts) == (life.outcome, life.attempts)
-    assert (result.answer.label if result.answer else None) == life.answer
-    assert result.error == life.error
-    assert result.circuit_open_for_s == life.open_for_s
-    assert result.tool == ("weather" if life.open_for_s is not None else "")
+    answer = result.answer if isinstance(result, Relayed) else None
+    assert (answer.label if answer else None) == life.answer
+    assert (result.error if isinstance(result, Unanswered) else None) == life.error
+    assert (result.open_for_s if isinstance(result, Paused) else None) == life.open_for_s
+    assert (result.tool if isinstance(result, Paused) else "") == (
+        "weather" if life.open_for_s is not None else ""
+    )
     settled = [action.split(":")[1] for action in played.actions if action.startswith("Settle")]
     assert settled == ([life.settled] if life.settled else [])
     # Only the answer that goes back is held: every earlier one was let go.
     held = [handle for handle in played.handles if not handle.discarded]
-    assert held == ([result.answer] if result.answer is not None else [])
+    assert held == ([answer] if answer is not None else [])
 
 
 def test_the_repaired_layers_behind_the_answer_are_reported() -> None:
     played = play(next(life for life in LIVES if life.name == "validation error, repaired, 200"))
+    assert isinstance(played.result, Relayed)
     assert played.result.repaired == ("coercion",)
+
+
+def test_each_attempt_judged_is_reported_with_its_time() -> None:
+    clock = Clock()
+    machine, _ = machine_for(LIVES[1], clock)
+    machine.start()
+    send = machine.prepared(Payload(b"{}"))
+    assert isinstance(send, Send)
+    clock.now += 0.25
+    machine.answered(send, Handle("503", {"Retry-After": "2"}))
+    [judged] = machine.take_reports()
+    assert isinstance(judged, AttemptJudged)
+    assert (judged.attempt.label, judged.elapsed_s, judged.attempt.requested_s) == ("503", 0.25, 2)
+    assert machine.take_reports() == []
 
 
 def test_a_streaming_answer_is_let_go_before_a_wait() -> None:
@@ -405,9 +459,8 @@ def test_a_streaming_answer_is_let_go_before_a_wait() -> None:
     assert isinstance(machine.start(), Prepare)
     send = machine.prepared(Payload(b"{}"))
     assert isinstance(send, Send)
-    attempt, _ = judged(send, "503")
     streaming = Handle("503", complete=False)
-    assert isinstance(machine.answered(attempt, streaming), WaitRetry)
+    assert isinstance(machine.answered(send, streaming), WaitRetry)
     assert streaming.discarded
 
 
@@ -420,10 +473,10 @@ def test_the_agent_gone_lets_the_answer_and_the_probe_go() -> None:
     assert isinstance(machine.start(), Prepare)
     send = machine.prepared(Payload(b"{}"))
     assert isinstance(send, Send)
-    attempt, handle = judged(send, "503")
-    machine.answered(attempt, handle)
+    handle = Handle("503")
+    machine.answered(send, handle)
     machine.agent_gone()
-    assert handle is not None and handle.discarded
+    assert handle.discarded
     # The probe was given back: the next request may probe.
     assert not isinstance(circuit.admit(), float)
 
@@ -432,10 +485,118 @@ def test_records_are_immutable_once_made() -> None:
     played = play(LIVES[1])
     with pytest.raises(AttributeError):
         played.result.outcome = Outcome.OK  # type: ignore[misc]
-    send = Send(1, 0.0, 2.0)
-    attempt, _ = judged(send, "503")
+    clock = Clock()
+    machine, _ = machine_for(LIVES[1], clock)
+    machine.start()
+    send = machine.prepared(Payload(b"{}"))
+    assert isinstance(send, Send)
+    machine.answered(send, Handle("503"))
+    [attempt] = machine.records
     with pytest.raises(AttributeError):
         attempt.label = "200"  # type: ignore[misc]
+
+
+# --- the protocol: each phase takes its own events, and refuses every other ------------------
+
+# The phase table, as docs/architecture.md gives it: the events each phase takes.
+PHASE_TABLE = {
+    Phase.NEW: {"start"},
+    Phase.READING_COOLDOWN: {"cooldown_read", "cancelled", "agent_gone"},
+    Phase.PREPARING: {"prepared", "cancelled", "agent_gone"},
+    Phase.SENDING: {"answered", "hedge_due", "cancelled", "agent_gone"},
+    Phase.WAITING: {"slept", "cancelled", "agent_gone"},
+    Phase.COOLING_DOWN: {"slept", "cancelled", "agent_gone"},
+    Phase.REPAIRING: {"repaired", "cancelled", "agent_gone"},
+    Phase.REOPENING: {"reopened", "cancelled", "agent_gone"},
+    Phase.SETTLING: {"settled", "cancelled", "agent_gone"},
+    Phase.ENDED: set(),
+}
+
+
+def test_the_phase_table() -> None:
+    assert {phase: {event.value for event in events} for phase, events in EVENTS.items()} == (
+        PHASE_TABLE
+    )
+    # Every command the machine gives puts it in a phase, and every phase but the first is
+    # reached by one.
+    assert set(AWAITS) == {
+        Prepare, ReadCooldown, Send, SendHedged, WaitRetry, WaitCooldown, Repair,
+        ReopenSession, Settle, Relayed, Unanswered, Paused,
+    }  # fmt: skip
+    assert set(AWAITS.values()) == set(Phase) - {Phase.NEW}
+
+
+def machine_in(phase: Phase) -> tuple[RetryMachine[Handle], Clock]:
+    """A machine waiting in ``phase``, reached by the events a real life sends."""
+    clock = Clock()
+    cooldowns = phase in (Phase.READING_COOLDOWN, Phase.COOLING_DOWN)
+    life = Life("", (), "", "", Outcome.OK, 0, shares_cooldowns=cooldowns, session=True)
+    machine, _ = machine_for(life, clock)
+    if phase is Phase.NEW:
+        return machine, clock
+    command = machine.start()
+    if phase is Phase.READING_COOLDOWN:
+        return machine, clock
+    if phase is Phase.COOLING_DOWN:
+        machine.cooldown_read(1.0)
+        return machine, clock
+    if isinstance(command, ReadCooldown):
+        command = machine.cooldown_read(0.0)
+    if phase is Phase.PREPARING:
+        return machine, clock
+    send = machine.prepared(Payload(b'{"lat": "35.6"}'))
+    assert isinstance(send, Send)
+    if phase is Phase.SENDING:
+        return machine, clock
+    token = {Phase.WAITING: "503", Phase.REPAIRING: "422", Phase.REOPENING: "404"}.get(phase, "200")
+    answered = answer_of(token)
+    assert isinstance(answered, Handle)
+    command = machine.answered(send, answered)
+    if phase is Phase.ENDED:
+        assert isinstance(command, Settle)
+        machine.settled()
+    return machine, clock
+
+
+def fire(machine: RetryMachine[Handle], event: MachineEvent) -> object:
+    """Tell ``machine`` ``event``, with arguments it could come with."""
+    if event is MachineEvent.ANSWERED:
+        return machine.answered(Send(1, 1000.0, 2.0), NoAnswer(AttemptError.RESET))
+    if event is MachineEvent.COOLDOWN_READ:
+        return machine.cooldown_read(0.0)
+    if event is MachineEvent.PREPARED:
+        return machine.prepared(None)
+    if event is MachineEvent.REPAIRED:
+        return machine.repaired(None, None, False, 0)
+    if event is MachineEvent.REOPENED:
+        return machine.reopened(False)
+    return getattr(machine, event.value)()
+
+
+@pytest.mark.parametrize("phase", list(Phase), ids=[phase.value for phase in Phase])
+def test_a_machine_waits_in_the_phase_its_command_put_it_in(phase: Phase) -> None:
+    machine, _ = machine_in(phase)
+    assert machine.phase is phase
+
+
+OUT_OF_TURN = [
+    (phase, event) for phase in Phase for event in MachineEvent if event not in EVENTS[phase]
+]
+
+
+@pytest.mark.parametrize(
+    ("phase", "event"), OUT_OF_TURN, ids=[f"{p.value}-{e.value}" for p, e in OUT_OF_TURN]
+)
+def test_an_event_out_of_turn_is_refused_and_changes_nothing(
+    phase: Phase, event: MachineEvent
+) -> None:
+    machine, _ = machine_in(phase)
+    trail, records = machine.trail, machine.records
+    with pytest.raises(OutOfTurn) as refused:
+        fire(machine, event)
+    assert (refused.value.phase, refused.value.event) == (phase, event)
+    assert isinstance(refused.value, SidecarBug)
+    assert (machine.phase, machine.trail, machine.records) == (phase, trail, records)
 
 
 @pytest.mark.parametrize("life", LIVES, ids=[life.name for life in LIVES])

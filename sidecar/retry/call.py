@@ -1,5 +1,6 @@
 """What a call is, as the loop needs to know before its first attempt: the tool it is for,
-whether running it twice is harmless, and whether the sidecar adds its own key."""
+whether running it twice is harmless, and whether the sidecar adds its own key; and the
+request each attempt sends."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from sidecar.config import RouteConfig
+from sidecar.ids import idempotency_key
 from sidecar.repair.payload import Payload
 from sidecar.retry.controls import RequestControls
 from sidecar.retry.guards.route import RouteGuards
@@ -107,6 +109,31 @@ def terms_of(
         tool=tool,
         path=call.path,
         shares_cooldowns=tool_guards.fleet is not None,
+        retry_on_status=tuning.retry_on_status,
+        probe=call.probe,
         session_reopenable=call.reopenable,
     )
     return terms, tool_guards
+
+
+def carrying(request: UpstreamRequest, payload: Payload | None, key_header: str) -> UpstreamRequest:
+    """``request`` carrying ``payload`` (``None``: its body streams through as it is), under a
+    fresh idempotency key when it is the sidecar's, and with the agent's ``Content-Length``
+    restated when the payload's length differs.
+
+    The sidecar's key names one payload: every retry of it carries the same key, and a
+    repaired payload (a different request to the tool) gets a new one. A key the agent
+    chose is the agent's to keep.
+    """
+    headers = request.headers
+    length = str(len(payload.body)) if payload is not None else None
+    restate_length = length is not None and headers.get("Content-Length", length) != length
+    if key_header or restate_length:
+        headers = headers.copy()
+    if key_header:
+        headers[key_header] = idempotency_key()
+    if restate_length:
+        headers["Content-Length"] = str(length)
+    if payload is None:
+        return replace(request, headers=headers) if key_header else request
+    return replace(request, headers=headers, body=payload.body)

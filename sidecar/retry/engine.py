@@ -1,10 +1,12 @@
 """The retry loop: the I/O a request's retry machine asks for, until it ends.
 
 Every rule lives in ``machine`` (and the pure functions it calls); this module carries out
-its actions — send (hedged when it says so), sleep, read or publish the fleet's cooldowns,
-ask the repair layers, count the verdict in the circuit — tells it how each ended, and
-reports each stage through ``Hooks``. It never invents an answer: the machine's result
-holds the tool's last real one, or — only when none exists — what the sidecar says instead.
+its commands — send (hedged when it says so), sleep, prepare the payload, read the fleet's
+cooldowns, ask the repair layers, open an MCP session again, count the verdict in the
+circuit — tells it how each ended, and carries out the reports it leaves in its outbox
+(telemetry through ``Hooks``, a payload to use, a cooldown to share). It never invents an
+answer: the machine's result holds the tool's last real one, or — only when none exists —
+what the sidecar says instead.
 """
 
 from __future__ import annotations
@@ -18,8 +20,7 @@ from sidecar.config import RouteConfig
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import RepairJob, Repairs
 from sidecar.retry import steps
-from sidecar.retry.attempt import carrying, judge
-from sidecar.retry.call import describe, terms_of
+from sidecar.retry.call import carrying, describe, terms_of
 from sidecar.retry.cancel import unless_stopped
 from sidecar.retry.controls import RequestControls
 from sidecar.retry.guards.fleet import StateStore
@@ -38,9 +39,11 @@ from sidecar.transport.pool import Pool, Response
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
-Action = steps.Step[Answer]
-# How one action is carried out: the machine's next action when it is done.
-Handler = Callable[["_Run", Any], Awaitable[Action]]
+Command = steps.Command[Answer]
+# How one command is carried out: the machine's next command when it is done.
+Handler = Callable[["_Run", Any], Awaitable[Command]]
+# How one report is carried out.
+Reporter = Callable[["_Run", Any], Awaitable[None]]
 
 
 class Engine:
@@ -56,6 +59,7 @@ class Engine:
         inspect_limit: int,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.monotonic,
+        wall: Clock = time.time,
         state: StateStore | None = None,
     ) -> None:
         self.pool = pool
@@ -64,6 +68,7 @@ class Engine:
         self.inspect_limit = inspect_limit
         self.sleep = sleep
         self.clock = clock
+        self.wall = wall
         self.guards = {route.name: RouteGuards.for_route(route, clock, state) for route in routes}
         self.hedging = Hedging(pool, hooks, clock)
 
@@ -114,17 +119,20 @@ class _Run:
         guards = engine.guards[route.name]
         call = describe(route, request, payload, guards, engine.repairs.path_template)
         self.path, self.own_key = call.path, call.own_key
-        self.tools = guards.mcp_tools if call.lists_tools else None
-        self.probe = call.probe
         self.sessions, self.session = guards.sessions, call.session
         self.request, self.payload = call.request, payload
         terms, self.tool_guards = terms_of(route, controls, call, guards, engine.clock())
         self.tool = terms.tool
         self.machine: RetryMachine[Answer] = RetryMachine(
-            terms, circuit=self.tool_guards.circuit, budget=guards.budget, clock=engine.clock
+            terms,
+            circuit=self.tool_guards.circuit,
+            budget=guards.budget,
+            clock=engine.clock,
+            wall=engine.wall,
+            tools=guards.mcp_tools if call.lists_tools else None,
         )
 
-    async def prepare(self, _: steps.Prepare) -> Action:
+    async def prepare(self, _: steps.Prepare) -> Command:
         """Coerce the agent's payload before the first attempt; put the idempotency key on."""
         payload = self.payload
         if payload is not None:
@@ -137,12 +145,17 @@ class _Run:
         return self.machine.prepared(payload)
 
     async def drive(self) -> steps.Settle | steps.Result[Answer]:
-        """The machine's actions, carried out, until it settles or ends the request."""
-        action = self.machine.start()
+        """The machine's commands, carried out, each after the reports before it, until it
+        settles or ends the request."""
+        machine = self.machine
+        command = machine.start()
         self.hooks.circuit_state(self.route, self.tool_guards.circuit.state, self.tool)
-        while not isinstance(action, _ENDS):
-            action = await _HANDLERS[type(action)](self, action)
-        return action
+        while True:
+            for report in machine.take_reports():
+                await _REPORTERS[type(report)](self, report)
+            if isinstance(command, _ENDS):
+                return command
+            command = await _HANDLERS[type(command)](self, command)
 
     async def settle(self, settle: steps.Settle) -> None:
         """The request's verdict into the circuit (the fleet's window, when it shares one)."""
@@ -150,17 +163,17 @@ class _Run:
         await self.tool_guards.record(self.machine.ticket, settle.failed, window_s)
         self.hooks.circuit_state(self.route, self.tool_guards.circuit.state, self.tool)
 
-    async def send(self, copy: steps.Send) -> Action:
+    async def send(self, copy: steps.Send) -> Command:
         request = self.hooks.attempt_started(copy.number, self.request, hedge=False)
-        return await self._judge(copy, await send(self.engine.pool, request, copy.per_try_s))
+        return await self._answered(copy, await send(self.engine.pool, request, copy.per_try_s))
 
-    async def send_hedged(self, hedged: steps.SendHedged) -> Action:
+    async def send_hedged(self, hedged: steps.SendHedged) -> Command:
         hedging, machine = self.engine.hedging, self.machine
         copy, sent = await hedging.send(self.route, self.request, hedged, machine.hedge_due)
-        return await self._judge(copy, sent)
+        return await self._answered(copy, sent)
 
-    async def _judge(self, copy: steps.Send, sent: Sent) -> Action:
-        """Read what matters of the answer that came first, and judge it."""
+    async def _answered(self, copy: steps.Send, sent: Sent) -> Command:
+        """Read what a decision needs of the answer that came first, for the machine."""
         limit, inspect_s = self.engine.inspect_limit, self.tuning.inspect_timeout_ms / 1000
         result = (
             await read_for_decision(self.request, sent, limit, inspect_s)
@@ -171,37 +184,25 @@ class _Run:
             # Resumed before anything is replayed: the server holds what follows.
             timeouts = (self.tuning.per_try_timeout_ms / 1000, inspect_s)
             result = await resume(self.engine.pool, self.request, result, limit, timeouts)
-        attempt, answer = judge(
-            copy, result, self.tuning.retry_on_status, self.tools, probe=self.probe
-        )
-        elapsed_s, reply = self.engine.clock() - copy.started, attempt.reply
-        failure = reply.failure if reply is not None else None
-        self.hooks.attempt_finished(self.route, copy.number, attempt.label, elapsed_s, failure)
-        return self.machine.answered(attempt, answer)
+        return self.machine.answered(copy, result)
 
-    async def wait_retry(self, wait: steps.WaitRetry) -> Action:
+    async def wait_retry(self, wait: steps.WaitRetry) -> Command:
         self.hooks.retry_scheduled(
             self.route, wait.attempts, wait.label, wait.reason, wait.wait, wait.failure
         )
         await self.engine.sleep(wait.wait.seconds)
         return self.machine.slept()
 
-    async def wait_cooldown(self, wait: steps.WaitCooldown) -> Action:
+    async def wait_cooldown(self, wait: steps.WaitCooldown) -> Command:
         await self.engine.sleep(wait.seconds)
         return self.machine.slept()
 
-    async def read_cooldown(self, _: steps.ReadCooldown) -> Action:
+    async def read_cooldown(self, _: steps.ReadCooldown) -> Command:
         fleet = self.tool_guards.fleet
         assert fleet is not None
         return self.machine.cooldown_read(await fleet.cooldown_s(self.path))
 
-    async def share_cooldown(self, share: steps.ShareCooldown) -> Action:
-        fleet = self.tool_guards.fleet
-        assert fleet is not None
-        await fleet.publish_cooldown(share.seconds, share.path)
-        return self.machine.resume()
-
-    async def repair(self, ask: steps.Repair) -> Action:
+    async def repair(self, ask: steps.Repair) -> Command:
         self.hooks.repair_started(self.route)
         proposal = await self.engine.repairs.propose(
             RepairJob(
@@ -223,16 +224,7 @@ class _Run:
             proposal.payload, proposal.layer, proposal.retry_same, proposal.llm_repairs
         )
 
-    async def use_payload(self, use: steps.UsePayload) -> Action:
-        self.hooks.repaired_retry(self.route, use.attempts, use.label, use.layer)
-        self.request = carrying(self.request, use.payload, self.own_key)
-        return self.machine.resume()
-
-    async def repair_judged(self, judged: steps.RepairJudged) -> Action:
-        self.hooks.repair_result(self.route, judged.layer, judged.result)
-        return self.machine.resume()
-
-    async def reopen_session(self, _: steps.ReopenSession) -> Action:
+    async def reopen_session(self, _: steps.ReopenSession) -> Command:
         """Open the request's MCP session again; the request names the new one from now on."""
         assert self.session is not None
         per_try_s, pool = self.tuning.per_try_timeout_ms / 1000, self.engine.pool
@@ -244,18 +236,35 @@ class _Run:
         self.hooks.session_reopened(self.route, reopened is not None)
         return self.machine.reopened(reopened is not None)
 
-    async def budget_exhausted(self, _: steps.ReportBudgetExhausted) -> Action:
+    # Reports.
+
+    async def attempt_judged(self, judged: steps.AttemptJudged) -> None:
+        attempt = judged.attempt
+        number, failure = attempt.copy.number, attempt.failure
+        self.hooks.attempt_finished(self.route, number, attempt.label, judged.elapsed_s, failure)
+
+    async def use_payload(self, use: steps.UsePayload) -> None:
+        self.hooks.repaired_retry(self.route, use.attempts, use.label, use.layer)
+        self.request = carrying(self.request, use.payload, self.own_key)
+
+    async def repair_judged(self, judged: steps.RepairJudged) -> None:
+        self.hooks.repair_result(self.route, judged.layer, judged.result)
+
+    async def share_cooldown(self, share: steps.ShareCooldown) -> None:
+        fleet = self.tool_guards.fleet
+        assert fleet is not None
+        await fleet.publish_cooldown(share.seconds, share.path)
+
+    async def budget_exhausted(self, _: steps.ReportBudgetExhausted) -> None:
         self.hooks.budget_exhausted(self.route)
-        return self.machine.resume()
 
-    async def circuit_refused(self, _: steps.ReportCircuitRefused) -> Action:
+    async def circuit_refused(self, _: steps.ReportCircuitRefused) -> None:
         self.hooks.circuit_refused(self.route, self.tool)
-        return self.machine.resume()
 
 
-# The actions that end the loop: the verdict to count, or the request's result.
-_ENDS = (steps.Settle, steps.Result)
-# Each action's type to the step that carries it out: one lookup, however many kinds.
+# The commands that end the loop: the verdict to count, or the request's result.
+_ENDS = (steps.Settle, steps.Relayed, steps.Unanswered, steps.Paused)
+# Each command's type to the step that carries it out: one lookup, however many kinds.
 _HANDLERS: dict[type, Handler] = {
     steps.Send: _Run.send,
     steps.SendHedged: _Run.send_hedged,
@@ -263,11 +272,14 @@ _HANDLERS: dict[type, Handler] = {
     steps.Prepare: _Run.prepare,
     steps.WaitCooldown: _Run.wait_cooldown,
     steps.ReadCooldown: _Run.read_cooldown,
-    steps.ShareCooldown: _Run.share_cooldown,
     steps.Repair: _Run.repair,
+    steps.ReopenSession: _Run.reopen_session,
+}
+_REPORTERS: dict[type, Reporter] = {
+    steps.AttemptJudged: _Run.attempt_judged,
     steps.UsePayload: _Run.use_payload,
     steps.RepairJudged: _Run.repair_judged,
-    steps.ReopenSession: _Run.reopen_session,
+    steps.ShareCooldown: _Run.share_cooldown,
     steps.ReportBudgetExhausted: _Run.budget_exhausted,
     steps.ReportCircuitRefused: _Run.circuit_refused,
 }

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from sidecar.outcomes import CANCELLED_ATTEMPT, AttemptError
+from sidecar.outcomes import CANCELLED_ATTEMPT, NoAnswer
 from sidecar.retry.steps import Send, SendHedged
 from sidecar.telemetry import Hooks
-from sidecar.transport.exchange import Malformed, UpstreamRequest, send
+from sidecar.transport.exchange import UpstreamRequest, send
 from sidecar.transport.pool import Pool, Response
 
 Result = TypeVar("Result")
@@ -86,7 +86,7 @@ async def _first_answered(
     return unanswered
 
 
-Sent = Response | AttemptError | Malformed
+Sent = Response | NoAnswer
 Copied = tuple[Send, Sent]
 
 
@@ -142,8 +142,7 @@ class Hedging:
             sent.close()
             self._finished(route, copy, str(sent.status))
         else:
-            error = AttemptError.MALFORMED if isinstance(sent, Malformed) else sent
-            self._finished(route, copy, error.value)
+            self._finished(route, copy, sent.error.value)
 
     def _finished(self, route: str, copy: Send, label: str) -> None:
         self._hooks.attempt_finished(route, copy.number, label, self._clock() - copy.started, None)

@@ -1,17 +1,23 @@
-"""The retry life of one request as a state machine: events in, actions out.
+"""The retry life of one request as a protocol: events in, commands out.
 
 In the manner of h11's ``Connection`` and tenacity's ``BaseRetrying.iter()``: the engine
-tells the machine what happened — an attempt's judged answer, a sleep done, the repair
-layers' answer, the fleet's cooldown read or published, a hedge's timer, the agent's
-cancellation — and carries out the action it answers: send, hedge, sleep, ask for a
-repair, report, settle the circuit, finish. Every rule of a request's retries is here or in
-the pure functions it calls (``decide``, ``policy``): the circuit's and the cooldowns'
-refusals, the limits, the deadline, the budget, hedging, the trail. No I/O, no event loop;
-its clock is injected, so a whole request's life is one table row (tests/test_machine.py).
+tells the machine what happened — an attempt's answer, a sleep done, the repair layers'
+answer, the fleet's cooldown read, a hedge's timer, the agent's cancellation — and carries
+out the command it answers with: send, hedge, wait, prepare, read the cooldown, ask for a
+repair, open a session again, settle the circuit, or the result. What the machine only
+tells (an attempt judged, a payload to use, a cooldown to share, a repair's fate, the
+budget's or the circuit's refusal) goes to its outbox, which the engine drains before the
+next command. Each command puts the machine in a phase, and each phase takes only its own
+events (``phases``): an event out of turn is the sidecar's bug and raises.
+
+Every rule of a request's retries is here or in the pure functions it calls (``judge``,
+``decide``, ``policy``): the answer's verdict, the circuit's and the cooldowns' refusals,
+the limits, the deadline, the budget, hedging, the trail. No I/O, no event loop; its
+clocks are injected, so a whole request's life is one table row (tests/test_machine.py).
 
 The machine owns the trail and the attempt records; each record, and the result, is
-immutable once made. The tool's answer is held as an opaque handle (``Held``): the machine
-decides when one is dropped, never reads it.
+immutable once made. The tool's answer is read through ``Held``: the machine judges what
+was read of it and decides when it is dropped.
 """
 
 from __future__ import annotations
@@ -19,8 +25,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Generic
 
-from sidecar.outcomes import AttemptError, Outcome, Wait
+from sidecar.outcomes import AttemptError, NoAnswer, Outcome, Wait
 from sidecar.repair.payload import Payload
+from sidecar.retry.attempt import judge
 from sidecar.retry.classify import Action
 from sidecar.retry.decide import (
     AfterAttempt,
@@ -35,7 +42,9 @@ from sidecar.retry.decide import (
 )
 from sidecar.retry.guards.budget import RetryBudget
 from sidecar.retry.guards.circuit import CircuitBreaker, Ticket
+from sidecar.retry.phases import AWAITS, EVENTS, MachineEvent, OutOfTurn, Phase
 from sidecar.retry.policy import RETRIES_WHILE_UNPROVEN, attempt_timeout_s, plan_cooldown
+from sidecar.retry.replay import McpToolHints
 from sidecar.retry.steps import (
     BUDGET_EXHAUSTED,
     CIRCUIT_REFUSED,
@@ -46,15 +55,20 @@ from sidecar.retry.steps import (
     SETTLE_OK,
     A,
     Attempt,
+    AttemptJudged,
+    Command,
+    Paused,
+    Relayed,
     Repair,
     RepairJudged,
+    Report,
     Result,
     Send,
     SendHedged,
     Settle,
     ShareCooldown,
-    Step,
     Terms,
+    Unanswered,
     UsePayload,
     WaitCooldown,
     WaitRetry,
@@ -70,8 +84,8 @@ SESSION_REOPENS = 3
 
 
 class RetryMachine(Generic[A]):
-    """One request's retry life. ``start`` gives the first action; each event method the
-    next one, until a ``Result``."""
+    """One request's retry life. ``start`` gives the first command; each event method the
+    next one, until a result."""
 
     # Made on every request: slots keep its state off a dict.
     __slots__ = (
@@ -82,18 +96,20 @@ class RetryMachine(Generic[A]):
         "_circuit",
         "_clock",
         "_llm_repairs_left",
+        "_outbox",
         "_payload",
+        "_phase",
         "_previous_wait",
-        "_queue",
         "_records",
         "_reopens_left",
         "_result",
         "_retries",
         "_sent",
-        "_then",
         "_ticket",
+        "_tools",
         "_trail",
         "_unjudged",
+        "_wall",
         "terms",
     )
 
@@ -104,9 +120,14 @@ class RetryMachine(Generic[A]):
         circuit: CircuitBreaker,
         budget: RetryBudget,
         clock: Callable[[], float],
+        wall: Callable[[], float],
+        tools: McpToolHints | None = None,
     ) -> None:
         self.terms = terms
-        self._circuit, self._budget, self._clock = circuit, budget, clock
+        self._circuit, self._budget, self._clock, self._wall = circuit, budget, clock, wall
+        self._tools = tools  # taught by a ``tools/list`` answer, when the call is one
+        self._phase = Phase.NEW
+        self._outbox: list[Report] = []
         self._ticket: Ticket | None = None
         self._payload: Payload | None = None  # None: the body streams through and goes once
         self._sent: list[Payload] = []
@@ -119,11 +140,11 @@ class RetryMachine(Generic[A]):
         self._attempts = self._retries = 0
         self._reopens_left = SESSION_REOPENS
         self._previous_wait: float | None = None
-        self._queue: list[Step[A]] = []  # actions due before ``_then``
-        # What follows the queue: a function, not a bound method, which would make the
-        # machine a reference cycle that only the garbage collector can free.
-        self._then: Callable[[RetryMachine[A]], Step[A]] = RetryMachine._decide
         self._result: Result[A] | None = None
+
+    @property
+    def phase(self) -> Phase:
+        return self._phase
 
     @property
     def ticket(self) -> Ticket:
@@ -140,70 +161,65 @@ class RetryMachine(Generic[A]):
         """Every attempt judged so far, in order."""
         return tuple(self._records)
 
+    def take_reports(self) -> list[Report]:
+        """The reports left since the last call, oldest first, for the engine to carry out
+        before the command that followed them."""
+        reports = self._outbox
+        if reports:
+            self._outbox = []
+        return reports
+
     # Events.
 
-    def start(self) -> Step[A]:
+    def start(self) -> Command[A]:
         """The request arrived: is the tool to be called at all?"""
+        self._expect(MachineEvent.START)
         self._budget.record_request()
         admitted = self._circuit.admit()
         if not isinstance(admitted, Ticket):
             self._trail.append("circuit_open")
-            return self._report(CIRCUIT_REFUSED, self._refused(admitted))
+            self._outbox.append(CIRCUIT_REFUSED)
+            return self._give(self._refused(admitted))
         self._ticket = admitted
-        return READ_COOLDOWN if self.terms.shares_cooldowns else PREPARE
+        return self._give(READ_COOLDOWN if self.terms.shares_cooldowns else PREPARE)
 
-    def prepared(self, payload: Payload | None) -> Step[A]:
+    def prepared(self, payload: Payload | None) -> Command[A]:
         """The payload that goes first: the agent's, coerced (``None``: streamed)."""
+        self._expect(MachineEvent.PREPARED)
         if payload is not None:
             self._payload = payload
             self._sent.append(payload)
             # The agent's payload, coerced, awaits its answer as a repaired one does.
             self._unjudged = payload.layers[-1] if payload.layers else None
-        return self._send()
+        return self._give(self._send())
 
-    def cooldown_read(self, cooldown_s: float) -> Step[A]:
+    def cooldown_read(self, cooldown_s: float) -> Command[A]:
         """The fleet's cooldown of the tool (0: none): wait it out, or end when it is too
         long for this request."""
-        if cooldown_s <= 0:
-            return self._send() if self._attempts else PREPARE
-        terms = self.terms
-        plan = plan_cooldown(
-            cooldown_s=cooldown_s,
-            limits=terms.limits,
-            backoff=terms.backoff,
-            time_left_s=terms.retry_until - self._clock(),
-        )
-        if isinstance(plan, Wait):
-            self._trail.append(f"{plan.source}={seconds_token(plan.seconds)}")
-            self._then = RetryMachine._read_cooldown
-            return WaitCooldown(plan.seconds)
-        self._trail.append(f"cooldown={seconds_token(cooldown_s)} stop={plan.value}")
-        if not self._records:
-            assert self._ticket is not None
-            self._circuit.abandon(self._ticket)
-            return self._refused(cooldown_s)
-        last = self._records[-1]
-        return self._settle(self._ended(plan, last, paused_for_s=cooldown_s), last)
+        self._expect(MachineEvent.COOLDOWN_READ)
+        return self._give(self._after_cooldown(cooldown_s))
 
-    def slept(self) -> Step[A]:
-        """A wait ended."""
-        return self._then(self)
-
-    def resume(self) -> Step[A]:
-        """An action that has no answer of its own (a report, a share) was carried out."""
-        return self._queue.pop(0) if self._queue else self._then(self)
+    def slept(self) -> Command[A]:
+        """A wait ended: a retry's goes on to the retry, the fleet's cooldown is read again."""
+        self._expect(MachineEvent.SLEPT)
+        return self._give(READ_COOLDOWN if self._phase is Phase.COOLING_DOWN else self._gate())
 
     def hedge_due(self) -> Send | None:
         """The hedge's timer fired before any answer's head: a copy, when the budget pays."""
+        self._expect(MachineEvent.HEDGE_DUE)
         if not self._budget.available():
             return None
         self._budget.spend()
         self._trail.append(f"hedge={seconds_token(self.terms.hedge_after_s)}")
         return self._copy(hedge=True)
 
-    def answered(self, attempt: Attempt, answer: A | None) -> Step[A]:
-        """An attempt ended, judged; ``answer`` is the tool's, when it answered."""
+    def answered(self, copy: Send, result: A | NoAnswer) -> Command[A]:
+        """Attempt ``copy`` ended: the tool's answer (what was read of it), or none."""
+        self._expect(MachineEvent.ANSWERED)
+        attempt, answer = judge(copy, result, self.terms, self._tools, self._wall)
         self._records.append(attempt)
+        outbox = self._outbox
+        outbox.append(AttemptJudged(attempt, self._clock() - copy.started))
         if answer is not None:
             if self._answer is not None:
                 self._answer.discard()
@@ -211,34 +227,34 @@ class RetryMachine(Generic[A]):
             self._answered_layers = self._payload.layers if self._payload is not None else ()
         if self._unjudged is not None:
             judged = "succeeded" if attempt.verdict.success else "failed"
-            self._queue.append(RepairJudged(self._unjudged, judged))
+            outbox.append(RepairJudged(self._unjudged, judged))
             self._unjudged = None
         if self.terms.shares_cooldowns and attempt.requested_s is not None:
-            # Only a failed answer's wait is read (``attempt.judge``).
+            # Only a failed answer's wait is read (``judge``).
             path = self.terms.path if attempt.path_scoped else None
-            self._queue.append(ShareCooldown(attempt.requested_s, path))
-        if self._queue:
-            self._then = RetryMachine._decide
-            return self._queue.pop(0)
-        return self._decide()
+            outbox.append(ShareCooldown(attempt.requested_s, path))
+        return self._give(self._decide())
 
     def repaired(
         self, payload: Payload | None, layer: str | None, retry_same: bool, llm_repairs: int
-    ) -> Step[A]:
+    ) -> Command[A]:
         """The repair layers answered: a new ``payload`` from ``layer``, or none (the model
         may have judged the failure transient: ``retry_same``)."""
+        self._expect(MachineEvent.REPAIRED)
         self._llm_repairs_left -= llm_repairs
         last = self._records[-1]
         answer = RepairAnswer(layer if payload is not None else None, retry_same)
-        return self._carry_out(decide(self._known(last, answer), self.terms.backoff), payload)
+        decision = decide(self._known(last, answer), self.terms.backoff)
+        return self._give(self._carry_out(decision, payload))
 
-    def reopened(self, opened: bool) -> Step[A]:
+    def reopened(self, opened: bool) -> Command[A]:
         """The MCP session the server forgot was ``opened`` again, or could not be: the
         request goes once more on the new session (the 404 proved it never ran), or its
         404 goes back as it came."""
+        self._expect(MachineEvent.REOPENED)
         self._reopens_left = self._reopens_left - 1 if opened else 0
         if not opened:
-            return self._decide()
+            return self._give(self._decide())
         last = self._records[-1]
         self._trail.append(f"{last.trail_label} session=reopened")
         # A retry, as the agent reads the outcome (``recovered``); the budget, which bounds
@@ -247,34 +263,54 @@ class RetryMachine(Generic[A]):
         if self._answer is not None:
             self._answer.discard()
             self._answer = None
-        return self._send()
+        return self._give(self._send())
 
     def settled(self) -> Result[A]:
         """The circuit counted the request's verdict."""
+        self._expect(MachineEvent.SETTLED)
         assert self._result is not None
+        self._phase = Phase.ENDED
         return self._result
 
     def cancelled(self) -> Result[A]:
         """The agent cancelled the request: the tool's last whole answer, else the sidecar's
         ``UPSTREAM_TIMEOUT`` (``reason: cancelled``). The circuit counts no verdict for it."""
+        self._expect(MachineEvent.CANCELLED)
+        self._phase = Phase.ENDED
         self._abandon()
         self._trail.append("stop=cancelled")
         answer = self._answer
-        if answer is not None and not answer.complete:
+        trail = self.trail
+        if answer is not None and answer.complete:
+            return Relayed(Outcome.DEADLINE, self._attempts, trail, answer, self._answered_layers)
+        if answer is not None:
             answer.discard()  # an answer still streaming cannot wait to be relayed
-            answer = None
-        error = AttemptError.TIMEOUT if answer is None else None
-        return Result(Outcome.DEADLINE, self._attempts, self.trail, answer, error, "cancelled")
+        return Unanswered(
+            Outcome.DEADLINE, self._attempts, trail, AttemptError.TIMEOUT, "cancelled"
+        )
 
     def agent_gone(self) -> None:
         """The agent went away: nothing goes back, and no verdict is counted."""
+        self._expect(MachineEvent.AGENT_GONE)
+        self._phase = Phase.ENDED
         self._abandon()
         if self._answer is not None:
             self._answer.discard()
 
+    # The protocol.
+
+    def _expect(self, event: MachineEvent) -> None:
+        if event not in EVENTS[self._phase]:
+            raise OutOfTurn(event, self._phase)
+
+    def _give(self, command: Command[A]) -> Command[A]:
+        """``command``, the machine now in the phase that waits for its answer."""
+        self._phase = AWAITS[type(command)]
+        return command
+
     # Rules.
 
-    def _decide(self) -> Step[A]:
+    def _decide(self) -> Command[A]:
         last = self._records[-1]
         if (
             self._reopens_left
@@ -299,15 +335,14 @@ class RetryMachine(Generic[A]):
             )
         return self._carry_out(decision, None)
 
-    def _carry_out(self, decision: Decision, payload: Payload | None) -> Step[A]:
+    def _carry_out(self, decision: Decision, payload: Payload | None) -> Command[A]:
         last = self._records[-1]
         if isinstance(decision, Stop):
             label = last.trail_label
             self._trail.append(f"{label} {decision.note}" if decision.note else label)
-            settle = self._settle(self._ended(decision.outcome, last), last)
             if decision.outcome is Outcome.BUDGET:
-                return self._report(BUDGET_EXHAUSTED, settle)
-            return settle
+                self._outbox.append(BUDGET_EXHAUSTED)
+            return self._settle(self._ended(decision.outcome, last), last)
         self._budget.spend()
         self._retries += 1
         if isinstance(decision, SendRepaired):
@@ -316,10 +351,31 @@ class RetryMachine(Generic[A]):
             self._unjudged = decision.layer
             self._payload = payload
             self._sent.append(payload)
-            self._then = RetryMachine._gate
-            return UsePayload(payload, decision.layer, self._attempts, last.label)
+            self._outbox.append(UsePayload(payload, decision.layer, self._attempts, last.label))
+            return self._gate()
         assert isinstance(decision, Retry)
         return self._wait(decision.wait, last)
+
+    def _after_cooldown(self, cooldown_s: float) -> Command[A]:
+        if cooldown_s <= 0:
+            return self._send() if self._attempts else PREPARE
+        terms = self.terms
+        plan = plan_cooldown(
+            cooldown_s=cooldown_s,
+            limits=terms.limits,
+            backoff=terms.backoff,
+            time_left_s=terms.retry_until - self._clock(),
+        )
+        if isinstance(plan, Wait):
+            self._trail.append(f"{plan.source}={seconds_token(plan.seconds)}")
+            return WaitCooldown(plan.seconds)
+        self._trail.append(f"cooldown={seconds_token(cooldown_s)} stop={plan.value}")
+        if not self._records:
+            assert self._ticket is not None
+            self._circuit.abandon(self._ticket)
+            return self._refused(cooldown_s)
+        last = self._records[-1]
+        return self._settle(self._ended(plan, last, paused_for_s=cooldown_s), last)
 
     def _wait(self, wait: Wait, last: Attempt) -> WaitRetry:
         answer = self._answer
@@ -331,10 +387,9 @@ class RetryMachine(Generic[A]):
         reason = verdict.reason if verdict.action is Action.RETRY else "server_error"
         self._trail.append(f"{last.trail_label} {wait.source}={seconds_token(wait.seconds)}")
         self._previous_wait = wait.seconds
-        self._then = RetryMachine._gate
         return WaitRetry(wait, self._attempts, last.label, reason, last.failure)
 
-    def _gate(self) -> Step[A]:
+    def _gate(self) -> Command[A]:
         """Before a retry: the circuit may have opened meanwhile, the fleet may know a
         cooldown. When the circuit opened, what this request has is what it returns."""
         assert self._ticket is not None
@@ -345,10 +400,7 @@ class RetryMachine(Generic[A]):
             return self._settle(ended, last)
         return READ_COOLDOWN if self.terms.shares_cooldowns else self._send()
 
-    def _read_cooldown(self) -> Step[A]:
-        return READ_COOLDOWN
-
-    def _send(self) -> Step[A]:
+    def _send(self) -> Send | SendHedged:
         copy = self._copy(hedge=False)
         terms = self.terms
         # A copy is sent only of a call that is safe to run twice and whose body is held.
@@ -390,10 +442,6 @@ class RetryMachine(Generic[A]):
             tool_answering=self._retries < RETRIES_WHILE_UNPROVEN or self._circuit.answering(),
         )
 
-    def _report(self, report: Step[A], then: Step[A]) -> Step[A]:
-        self._queue.append(then)
-        return report
-
     def _settle(self, result: Result[A], last: Attempt) -> Settle:
         self._result = result
         if not last.verdict.is_failure or result.outcome in _SUCCEEDED:
@@ -404,37 +452,27 @@ class RetryMachine(Generic[A]):
         if self._ticket is not None:
             self._circuit.abandon(self._ticket)
 
-    def _refused(self, open_for_s: float) -> Result[A]:
+    def _refused(self, open_for_s: float) -> Paused:
         """``CIRCUIT_OPEN`` before any attempt: the tool is not to be called for a while."""
-        return Result(
-            Outcome.UNREACHABLE, 0, self.trail, circuit_open_for_s=open_for_s, tool=self.terms.tool
-        )
+        return Paused(Outcome.UNREACHABLE, 0, self.trail, open_for_s, self.terms.tool)
 
     def _ended(
         self, outcome: Outcome, last: Attempt, paused_for_s: float | None = None
     ) -> Result[A]:
-        """The request's result; ``paused_for_s`` is how long the tool is not to be called,
-        said as ``CIRCUIT_OPEN`` only when there is no answer of the tool's to give (the
-        last one streamed on and is gone)."""
-        answer, error = self._answer, last.error
-        if paused_for_s is None or answer is not None or error is not None:
-            paused_for_s, tool = None, ""
-        else:
-            tool = self.terms.tool
-        reason = last.error_reason
-        if outcome is Outcome.DEADLINE and error is AttemptError.TIMEOUT:
-            reason = "deadline"  # the request's time ran out, not the tool's per-try
-        return Result(
-            outcome,
-            self._attempts,
-            tuple(self._trail),
-            answer,
-            error,
-            reason,
-            paused_for_s,
-            tool,
-            self._answered_layers,
-        )
+        """The request's result: the tool's last answer, else what the last attempt ran
+        into, else (the last answer streamed on and is gone) ``paused_for_s``, how long the
+        tool is not to be called, said as ``CIRCUIT_OPEN``."""
+        trail, answer, error = tuple(self._trail), self._answer, last.error
+        if answer is not None:
+            return Relayed(outcome, self._attempts, trail, answer, self._answered_layers)
+        if error is not None:
+            reason = last.error_reason
+            if outcome is Outcome.DEADLINE and error is AttemptError.TIMEOUT:
+                reason = "deadline"  # the request's time ran out, not the tool's per-try
+            return Unanswered(outcome, self._attempts, trail, error, reason)
+        # Only a wait drops an answer (one still streaming), and only a refusal follows it.
+        assert paused_for_s is not None
+        return Paused(outcome, self._attempts, trail, paused_for_s, self.terms.tool)
 
 
 def _session_lost(attempt: Attempt) -> bool:

@@ -1,5 +1,6 @@
-"""What the retry machine takes in and gives out: the attempt records, the actions it asks
-the engine for, the result that ends a request's life, and the terms that bound it.
+"""What the retry machine takes in and gives out: the attempt records, the commands it
+gives the engine, the reports it leaves in its outbox, the result that ends a request's
+life, and the terms that bound it.
 
 Named tuples: immutable once made, and made at a tuple's cost (an attempt's records are
 made on every request's path).
@@ -7,7 +8,8 @@ made on every request's path).
 
 from __future__ import annotations
 
-from typing import Generic, NamedTuple, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from sidecar.outcomes import AttemptError, Outcome, Wait
 from sidecar.repair.payload import Payload
@@ -17,10 +19,33 @@ from sidecar.tool.envelopes import Reply, ToolFailure
 
 
 class Held(Protocol):
-    """The tool's answer as the machine holds it: whole or still streaming, and droppable."""
+    """The tool's answer as the machine judges and holds it: what was read of it, whole or
+    still streaming, and droppable. The transport's ``Answer`` is one."""
+
+    @property
+    def status(self) -> int: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
 
     @property
     def complete(self) -> bool: ...
+
+    @property
+    def decisive(self) -> bool: ...
+
+    @property
+    def slow(self) -> bool: ...
+
+    @property
+    def broken(self) -> bool: ...
+
+    @property
+    def resumed(self) -> bool: ...
+
+    def judged(self) -> tuple[bytes, str | None]: ...
+
+    def document(self) -> Any: ...
 
     def discard(self) -> None: ...
 
@@ -72,18 +97,44 @@ class Attempt(NamedTuple):
         return Outcome.UNREACHABLE if error and error.not_connected else Outcome.EXHAUSTED
 
 
-class Result(NamedTuple, Generic[A]):
-    """What goes back to the agent, and how it came to be: the action that ends a life."""
+# The three ways a life ends: a tagged union the proxy matches on.
+
+
+class Relayed(NamedTuple, Generic[A]):
+    """The tool's last real answer goes back."""
 
     outcome: Outcome
     attempts: int
     trail: tuple[str, ...]
-    answer: A | None = None  # the tool's last real answer, when one exists
-    error: AttemptError | None = None  # else: what the last attempt ran into
-    error_reason: str | None = None  # ... in more words, when there are more to say
-    circuit_open_for_s: float | None = None  # else: the circuit refused to try at all
-    tool: str = ""  # ... the tool whose circuit or cooldown it was ("": the whole route)
+    answer: A
     repaired: tuple[str, ...] = ()  # the layers that changed the body behind ``answer``
+
+
+class Unanswered(NamedTuple):
+    """No answer of the tool's to give: the sidecar says what the last attempt ran into."""
+
+    outcome: Outcome
+    attempts: int
+    trail: tuple[str, ...]
+    error: AttemptError
+    reason: str | None = None  # in more words, when there are more to say
+
+
+class Paused(NamedTuple):
+    """The tool is not to be called for ``open_for_s``: its circuit is open, or the fleet's
+    cooldown outlasts the request, and no answer of its own is left to give."""
+
+    outcome: Outcome
+    attempts: int
+    trail: tuple[str, ...]
+    open_for_s: float
+    tool: str  # whose circuit or cooldown it is ("": the whole route)
+
+
+Result = Relayed[A] | Unanswered | Paused
+
+
+# Commands besides ``Send`` and the results: each is answered by one event.
 
 
 # Actions besides ``Send`` and ``Result``.
@@ -121,13 +172,6 @@ class ReadCooldown(NamedTuple):
     """Read the fleet's cooldown of the tool (``cooldown_read`` with what it says)."""
 
 
-class ShareCooldown(NamedTuple):
-    """Tell the fleet the wait the tool asked for: the whole tool's, or ``path``'s."""
-
-    seconds: float
-    path: str | None
-
-
 class Repair(NamedTuple):
     """Ask the repair layers for a better payload than ``payload`` (``repaired``)."""
 
@@ -137,6 +181,48 @@ class Repair(NamedTuple):
     tried: frozenset[str]  # the fingerprints of the payloads sent so far
     llm_repairs_left: int
     time_left_s: float
+
+
+class ReopenSession(NamedTuple):
+    """Open the MCP session the server forgot again (``reopened`` with whether it did)."""
+
+
+class Settle(NamedTuple):
+    """Count the request's verdict in the circuit (``settled`` for the result)."""
+
+    failed: bool
+
+
+PREPARE = Prepare()
+READ_COOLDOWN = ReadCooldown()
+REOPEN_SESSION = ReopenSession()
+SETTLE_FAILED, SETTLE_OK = Settle(True), Settle(False)
+
+Command = (
+    Send
+    | SendHedged
+    | WaitCooldown
+    | WaitRetry
+    | Prepare
+    | ReadCooldown
+    | Repair
+    | ReopenSession
+    | Settle
+    | Relayed[A]
+    | Unanswered
+    | Paused
+)
+
+
+# Reports: what the machine tells, in its outbox, with no answer owed. The engine carries
+# them out, in order, before the command that follows them.
+
+
+class AttemptJudged(NamedTuple):
+    """An attempt ended, judged, ``elapsed_s`` after it was sent."""
+
+    attempt: Attempt
+    elapsed_s: float
 
 
 class UsePayload(NamedTuple):
@@ -149,53 +235,37 @@ class UsePayload(NamedTuple):
 
 
 class RepairJudged(NamedTuple):
-    """Report: the attempt that carried ``layer``'s payload succeeded or failed."""
+    """The attempt that carried ``layer``'s payload succeeded or failed."""
 
     layer: str
     result: str  # "applied", "succeeded", "failed"
 
 
-class ReopenSession(NamedTuple):
-    """Open the MCP session the server forgot again (``reopened`` with whether it did)."""
+class ShareCooldown(NamedTuple):
+    """Tell the fleet the wait the tool asked for: the whole tool's, or ``path``'s."""
+
+    seconds: float
+    path: str | None
 
 
 class ReportBudgetExhausted(NamedTuple):
-    """Report: the route's retry budget stopped a retry."""
+    """The route's retry budget stopped a retry."""
 
 
 class ReportCircuitRefused(NamedTuple):
-    """Report: the circuit refused the request before any attempt."""
+    """The circuit refused the request before any attempt."""
 
 
-class Settle(NamedTuple):
-    """Count the request's verdict in the circuit (``settled`` for the result)."""
-
-    failed: bool
-
-
-PREPARE = Prepare()
-READ_COOLDOWN = ReadCooldown()
-REOPEN_SESSION = ReopenSession()
 BUDGET_EXHAUSTED = ReportBudgetExhausted()
 CIRCUIT_REFUSED = ReportCircuitRefused()
-SETTLE_FAILED, SETTLE_OK = Settle(True), Settle(False)
 
-Step = (
-    Send
-    | SendHedged
-    | WaitCooldown
-    | WaitRetry
-    | Prepare
-    | ReadCooldown
-    | ShareCooldown
-    | Repair
+Report = (
+    AttemptJudged
     | UsePayload
     | RepairJudged
-    | ReopenSession
+    | ShareCooldown
     | ReportBudgetExhausted
     | ReportCircuitRefused
-    | Settle
-    | Result[A]
 )
 
 
@@ -214,5 +284,8 @@ class Terms(NamedTuple):
     tool: str  # whose circuit and cooldowns the call goes by
     path: str  # the called path, for a cooldown the tool scoped to it
     shares_cooldowns: bool  # the fleet keeps the tool's cooldowns
+    retry_on_status: frozenset[int]  # the statuses retried whatever the body says
+    # A protocol version probe: a 4xx is its answer, not the tool's failure.
+    probe: bool = False
     # An MCP request on a session the sidecar may open again when the server forgot it.
     session_reopenable: bool = False

@@ -19,7 +19,7 @@ from sidecar.retry.cancel import InFlight
 from sidecar.retry.controls import request_controls
 from sidecar.retry.engine import Engine
 from sidecar.retry.replay import LONG_LIVED_METHODS, SESSION_HEADER, mcp_call
-from sidecar.retry.steps import Result
+from sidecar.retry.steps import Paused, Relayed, Result, Unanswered
 from sidecar.serve import answers
 from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.intake import BodyIntake, StreamedBody, client_too_slow
@@ -273,13 +273,14 @@ class Proxy:
         call.outcome, call.attempts = result.outcome, result.attempts
         call.trail = ", ".join(result.trail)
         self._waiting_for_tool.discard(task)
-        if result.answer is not None:
-            call.status = result.answer.status
+        if isinstance(result, Relayed):
+            answer = result.answer
+            call.status = answer.status
             report = _report(result)
             if SESSION_HEADER in request.headers or call.opens_session():
-                await self._keep_session_books(request, call, route, result.answer, report)
-            stream = self._stream_terms(request, call, route, result.answer, deadline)
-            return await relay(request, result.answer, report, stream)
+                await self._keep_session_books(request, call, route, answer, report)
+            stream = self._stream_terms(request, call, route, answer, deadline)
+            return await relay(request, answer, report, stream)
         streamed = body if isinstance(body, StreamedBody) else None
         response = call.own(self._answer_of_our_own(call.route, result, streamed))
         call.status = response.status
@@ -333,7 +334,7 @@ class Proxy:
         )
 
     def _answer_of_our_own(
-        self, route: str, result: Result[Answer], streamed: StreamedBody | None
+        self, route: str, result: Unanswered | Paused, streamed: StreamedBody | None
     ) -> AgentReply:
         """The answer when the tool gave none the agent can have."""
         report = _report(result)
@@ -343,14 +344,14 @@ class Proxy:
             response = client_too_slow().response(report)
             response.force_close()
             return response
-        if result.circuit_open_for_s is not None:
-            return answers.circuit_open_response(result.circuit_open_for_s, result.tool, report)
-        assert result.error is not None
-        if result.error.local:
-            self._hooks.sidecar_overloaded(route, result.error.value)
-        elif result.error is AttemptError.MALFORMED:
-            _log.warning("upstream_answer_broken", reason=result.error_reason)
-        return answers.attempt_error_response(result.error, report, reason=result.error_reason)
+        if isinstance(result, Paused):
+            return answers.circuit_open_response(result.open_for_s, result.tool, report)
+        error = result.error
+        if error.local:
+            self._hooks.sidecar_overloaded(route, error.value)
+        elif error is AttemptError.MALFORMED:
+            _log.warning("upstream_answer_broken", reason=result.reason)
+        return answers.attempt_error_response(error, report, reason=result.reason)
 
     def _refused_body(self, refusal: answers.Refusal, call: _Call) -> AgentReply:
         """The answer to a body that could not be read: too large, too slow, malformed, or
@@ -411,7 +412,7 @@ def _report(result: Result[Answer]) -> dict[str, str]:
     report = answers.report_headers(
         result.outcome, ", ".join(result.trail), attempts=result.attempts
     )
-    if result.repaired:
+    if isinstance(result, Relayed) and result.repaired:
         report["X-Sidecar-Repaired"] = ",".join(result.repaired)
     return report
 

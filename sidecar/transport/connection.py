@@ -16,6 +16,7 @@ from collections.abc import AsyncIterable, Callable
 from dataclasses import dataclass
 from typing import cast
 
+from sidecar.bugs import SidecarBug
 from sidecar.transport.answer import AnswerParser, Head, MalformedAnswer
 from sidecar.transport.body import BodyStream
 
@@ -84,11 +85,12 @@ TRANSITIONS: dict[tuple[ConnectionState, ConnectionEvent], ConnectionState] = {
 
 
 def next_state(state: ConnectionState, event: ConnectionEvent) -> ConnectionState:
-    """The state after ``event``; a request sent on a connection that is not idle raises."""
+    """The state after ``event``; a step the table lacks (a request sent on a connection
+    that is not idle) is the sidecar's bug, not the tool's reset."""
     try:
         return TRANSITIONS[state, event]
     except KeyError:
-        raise ConnectionBroken(f"{event.value} on a connection that is {state.value}") from None
+        raise SidecarBug(f"{event.value} on a connection that is {state.value}") from None
 
 
 class ConnectionBroken(Exception):

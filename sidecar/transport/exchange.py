@@ -1,8 +1,9 @@
 """The one seam to the tool: one attempt at a time, and the answer it brings back.
 
 Foreign exceptions (the connection's, the parser's, asyncio's timeouts) are translated
-here and nowhere else: into an ``AttemptError`` or ``Malformed`` while an attempt is
-judged, into ``BodyBroken`` while an answer's body streams on to the agent.
+here and nowhere else: into ``NoAnswer`` while an attempt is judged, into ``BodyBroken``
+while an answer's body streams on to the agent. The sidecar's own bugs (``SidecarBug``)
+are not translated: they are no fault of the tool's.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
-from sidecar.outcomes import AttemptError, out_of_descriptors
+from sidecar.outcomes import AttemptError, NoAnswer, out_of_descriptors
 from sidecar.tool.envelopes import json_document
 from sidecar.tool.eventstream import AnswerReader
 from sidecar.transport.answer import MalformedAnswer
@@ -32,15 +33,28 @@ def create_pool(max_connections: int, max_head_bytes: int) -> Pool:
     return Pool(max_connections, max_head_bytes)
 
 
-def _attempt_error(progress: Progress, exc: BaseException | None) -> AttemptError:
-    """The attempt error for a failure (``None``: the per-try timeout) at ``progress``."""
+def _no_answer(progress: Progress, exc: BaseException | None) -> NoAnswer:
+    """How an attempt that failed (``None``: the per-try timeout) at ``progress`` ended."""
     if out_of_descriptors(exc):
-        return AttemptError.NO_FDS
+        return _NO_FDS
     if progress.stage is Stage.QUEUED:
-        return AttemptError.POOL_TIMEOUT
+        return _POOL_TIMEOUT
     if progress.stage is Stage.SENT:
-        return AttemptError.TIMEOUT if exc is None else AttemptError.RESET
-    return AttemptError.CONNECT_TIMEOUT if exc is None else AttemptError.CONNECT
+        return _TIMEOUT if exc is None else _RESET
+    return _CONNECT_TIMEOUT if exc is None else _CONNECT
+
+
+# Made once: an attempt that failed is common under faults, and these carry no reason.
+_NO_FDS = NoAnswer(AttemptError.NO_FDS)
+_POOL_TIMEOUT = NoAnswer(AttemptError.POOL_TIMEOUT)
+_TIMEOUT = NoAnswer(AttemptError.TIMEOUT)
+_RESET = NoAnswer(AttemptError.RESET)
+_CONNECT_TIMEOUT = NoAnswer(AttemptError.CONNECT_TIMEOUT)
+_CONNECT = NoAnswer(AttemptError.CONNECT)
+
+
+def _malformed(exc: MalformedAnswer) -> NoAnswer:
+    return NoAnswer(AttemptError.MALFORMED, str(exc))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,13 +74,6 @@ class UpstreamRequest:
     def with_headers(self, headers: CIMultiDict[str]) -> UpstreamRequest:
         """The same call with ``headers`` (an attempt's trace context added)."""
         return UpstreamRequest(self.method, self.url, headers, self.body, self.rpc_id, self.host)
-
-
-@dataclass(frozen=True, slots=True)
-class Malformed:
-    """The tool answered in bytes that are not one unambiguous HTTP/1.1 answer."""
-
-    reason: str
 
 
 class BodyBroken(Exception):
@@ -106,6 +113,10 @@ class Answer:
     @property
     def status(self) -> int:
         return self.response.status
+
+    @property
+    def headers(self) -> CIMultiDictProxy[str]:
+        return self.response.headers
 
     def discard(self) -> None:
         """Give the connections back to the pool; each is closed if its body was not read."""
@@ -185,9 +196,7 @@ def body_read(method: str, response: Response) -> BodyRead:
     return BodyRead.NONE
 
 
-async def send(
-    pool: Pool, request: UpstreamRequest, timeout_s: float
-) -> Response | AttemptError | Malformed:
+async def send(pool: Pool, request: UpstreamRequest, timeout_s: float) -> Response | NoAnswer:
     """The first half of an attempt: the request sent and its answer's head received,
     within ``timeout_s``. Cancelled, it closes its connection."""
     progress = Progress()
@@ -202,16 +211,16 @@ async def send(
             host=request.host,
         )
     except TimeoutError:
-        return _attempt_error(progress, None)
+        return _no_answer(progress, None)
     except MalformedAnswer as malformed:
-        return Malformed(str(malformed))
+        return _malformed(malformed)
     except (ConnectionBroken, OSError) as broken:
-        return _attempt_error(progress, broken)
+        return _no_answer(progress, broken)
 
 
 async def read_for_decision(
     request: UpstreamRequest, response: Response, limit: int, timeout_s: float
-) -> Answer | AttemptError | Malformed:
+) -> Answer | NoAnswer:
     """The answer to ``request`` with as much of its body read as deciding on it needs.
 
     A body that does not come in time goes to the agent as it is (the status alone
@@ -239,10 +248,10 @@ async def read_for_decision(
         return Answer(response, bytes(buffer), complete=False, slow=True)
     except MalformedAnswer as exc:
         response.close()
-        return Malformed(str(exc))
+        return _malformed(exc)
     except (ConnectionBroken, OSError):
         response.close()
-        return AttemptError.RESET
+        return _RESET
     except asyncio.CancelledError:
         # The agent went away mid-read: the half-read answer must not keep its socket.
         response.close()
@@ -255,7 +264,7 @@ async def resume(
     cut: Answer,
     limit: int,
     timeouts: tuple[float, float],
-) -> Answer | AttemptError | Malformed:
+) -> Answer | NoAnswer:
     """The rest of a ``broken`` event stream, asked for as MCP 2025-11-25 lets a client
     ("Resumability"): a ``GET`` with ``Last-Event-ID`` (and the call's session and
     credentials), whose stream the server replays from the event after that id. Read as the
@@ -268,7 +277,7 @@ async def resume(
     headers = resume_headers(request.headers, cut.reader.scanner.last_event_id.decode())
     again = UpstreamRequest("GET", request.url, headers, b"", host=request.host)
     sent = await send(pool, again, per_try_s)
-    if isinstance(sent, Malformed | AttemptError):
+    if isinstance(sent, NoAnswer):
         return cut
     if sent.status != 200 or body_read("POST", sent) is not BodyRead.ANSWER_EVENT:
         sent.close()
@@ -299,7 +308,7 @@ def resume_headers(headers: CIMultiDict[str], last_event_id: str) -> CIMultiDict
 
 async def _read_answer_event(
     head: Response, stream: Response, reader: AnswerReader, buffer: bytearray, timeout_s: float
-) -> Answer | AttemptError | Malformed:
+) -> Answer | NoAnswer:
     """``stream``'s event stream read into ``buffer`` until the event that answers the call,
     one that shows it alive, ``reader``'s limit, or ``timeout_s``; the answer under
     ``head`` (the same response, but for a resumed stream)."""
@@ -319,11 +328,11 @@ async def _read_answer_event(
         return _streamed(head, stream, buffer, reader, slow=True)
     except MalformedAnswer as exc:
         stream.close()
-        return Malformed(str(exc))
+        return _malformed(exc)
     except (ConnectionBroken, OSError):
         stream.close()
         if reader.scanner.last_event_id is None and not resumed:
-            return AttemptError.RESET
+            return _RESET
         whole = bytes(buffer[: len(buffer) - (reader.scanner.fed - reader.scanner.boundary)])
         return Answer(head, whole, complete=False, reader=reader, broken=True, resumed=resumed)
     except asyncio.CancelledError:
