@@ -20,7 +20,6 @@ from collections.abc import Callable
 
 from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
-from yarl import URL
 
 from sidecar.outcomes import Wait
 from sidecar.telemetry import Hooks, build_hooks
@@ -28,9 +27,7 @@ from sidecar.telemetry.events import Request, RequestFinished
 from sidecar.telemetry.logging_setup import configure_logging
 from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.telemetry.recent import RecentCalls
-from sidecar.transport.exchange import UpstreamRequest
 
-REQUEST = UpstreamRequest("POST", URL("http://tool/x"), CIMultiDict({"a": "b"}), b"{}")
 INCOMING = CIMultiDict({"content-type": "application/json"})
 WAIT = Wait(0.1, "backoff")
 
@@ -45,18 +42,19 @@ def hooks_for(traced: bool, ui: bool) -> Hooks:
     from sidecar.telemetry.logs import LogSink
     from sidecar.telemetry.metrics import MetricsSink
     from sidecar.telemetry.otel import Tracing
-    from sidecar.telemetry.traces import TraceSink
+    from sidecar.telemetry.traces import OpenSpans, TraceSink
 
-    # The order build_hooks uses: the metrics sink reads the trace sink's exemplars.
-    traces = TraceSink(Tracing(TracerProvider(), [], None), llm_model="bench")
+    # As build_hooks registers them: the trace sink's open spans are the hooks' tracer.
+    spans = OpenSpans()
+    traces = TraceSink(Tracing(TracerProvider(), [], None), llm_model="bench", spans=spans)
     sinks = [traces, MetricsSink(metrics), LogSink()]
-    return Hooks([*sinks, recent] if recent is not None else sinks)
+    return Hooks([*sinks, recent] if recent is not None else sinks, spans)
 
 
 def ordinary(hooks: Hooks) -> None:
     hooks.request_received("weather", "POST", INCOMING)
     hooks.circuit_state("weather", 0)
-    hooks.attempt_started(1, REQUEST)
+    hooks.attempt_started(1)
     hooks.attempt_finished("weather", 1, "200", 0.01, None)
     hooks.circuit_state("weather", 0)
     hooks.request_finished("weather", "POST", "ok", 200, 1, 0.02)
@@ -65,10 +63,10 @@ def ordinary(hooks: Hooks) -> None:
 def recovered(hooks: Hooks) -> None:
     hooks.request_received("weather", "POST", INCOMING)
     hooks.circuit_state("weather", 0)
-    hooks.attempt_started(1, REQUEST)
+    hooks.attempt_started(1)
     hooks.attempt_finished("weather", 1, "503", 0.01, None)
     hooks.retry_scheduled("weather", 1, "503", "server_error", WAIT, None)
-    hooks.attempt_started(2, REQUEST)
+    hooks.attempt_started(2)
     hooks.attempt_finished("weather", 2, "200", 0.01, None)
     hooks.circuit_state("weather", 0)
     hooks.request_finished("weather", "POST", "recovered", 200, 2, 0.12, trail="503, 200")

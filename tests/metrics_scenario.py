@@ -7,28 +7,30 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from sidecar.outcomes import Wait
-from sidecar.telemetry import Hooks, Sink
-from sidecar.telemetry.events import RequestReceived
+from sidecar.telemetry import Hooks
+from sidecar.telemetry.events import Request
 from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.telemetry.metrics import MetricsSink
 
-# The ids a sampled span offers, as the trace sink sets them.
+# The ids a sampled span offers, as the trace sink's open spans give them.
 EXEMPLAR = {"trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "b7ad6b7169203331"}
 
 
-class Sampled(Sink):
-    """Marks requests to ``/sampled`` with ``EXEMPLAR``, as the trace sink marks a
-    request whose span is sampled."""
+class Sampled:
+    """Requests to ``/sampled`` have a sampled span, ``EXEMPLAR``, as the trace sink's
+    ``OpenSpans`` tell the hooks of a request whose span is sampled."""
 
-    def request_received(self, event: RequestReceived) -> None:
-        if event.route == "sampled":
-            event.request.exemplar = dict(EXEMPLAR)
+    def trace_headers(self, request: Request, attempt: int) -> dict[str, str] | None:
+        return None
+
+    def exemplar(self, request: Request, attempt: int | None) -> dict[str, str] | None:
+        return dict(EXEMPLAR) if request.route == "sampled" else None
 
 
 def scenario_registry() -> CollectorRegistry:
     """A registry holding the sidecar's metrics after ``run_scenario``."""
     registry = CollectorRegistry()
-    hooks = Hooks([Sampled(), MetricsSink(Metrics(registry))])
+    hooks = Hooks([MetricsSink(Metrics(registry))], Sampled())
     run_scenario(hooks)
     return registry
 

@@ -20,7 +20,7 @@ from sidecar.config import RouteConfig
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import RepairJob, Repairs
 from sidecar.retry import steps
-from sidecar.retry.call import carrying, describe, terms_of
+from sidecar.retry.call import carrying, describe, terms_of, traced
 from sidecar.retry.cancel import unless_stopped
 from sidecar.retry.controls import RequestControls
 from sidecar.retry.guards.fleet import StateStore
@@ -164,13 +164,17 @@ class _Run:
         self.hooks.circuit_state(self.route, self.tool_guards.circuit.state, self.tool)
 
     async def send(self, copy: steps.Send) -> Command:
-        request = self.hooks.attempt_started(copy.number, self.request, hedge=False)
+        request = self._request_of(copy)
         return await self._answered(copy, await send(self.engine.pool, request, copy.per_try_s))
 
     async def send_hedged(self, hedged: steps.SendHedged) -> Command:
         hedging, machine = self.engine.hedging, self.machine
-        copy, sent = await hedging.send(self.route, self.request, hedged, machine.hedge_due)
+        copy, sent = await hedging.send(self.route, self._request_of, hedged, machine.hedge_due)
         return await self._answered(copy, sent)
+
+    def _request_of(self, copy: steps.Send) -> UpstreamRequest:
+        """The request ``copy`` sends: with its trace context, when it is traced."""
+        return traced(self.request, self.hooks.attempt_started(copy.number, hedge=copy.hedge))
 
     async def _answered(self, copy: steps.Send, sent: Sent) -> Command:
         """Read what a decision needs of the answer that came first, for the machine."""

@@ -102,11 +102,12 @@ class Hedging:
     async def send(
         self,
         route: str,
-        request: UpstreamRequest,
+        request_of: Callable[[Send], UpstreamRequest],
         hedged: SendHedged,
         hedge_due: Callable[[], Send | None],
     ) -> Copied:
-        """The attempt's first answer head, or, when none came, what ended last."""
+        """The attempt's first answer head, or, when none came, what ended last;
+        ``request_of`` is the request a copy sends (its trace context on)."""
         copies = [hedged.first]
 
         def may_hedge() -> bool:
@@ -117,9 +118,8 @@ class Hedging:
 
         async def copy_of(hedge: bool) -> Copied:
             copy = copies[-1] if hedge else hedged.first
-            sent_as = self._hooks.attempt_started(copy.number, request, hedge=hedge)
             try:
-                return copy, await send(self._pool, sent_as, copy.per_try_s)
+                return copy, await send(self._pool, request_of(copy), copy.per_try_s)
             except asyncio.CancelledError:
                 self._finished(route, copy, CANCELLED_ATTEMPT)
                 raise

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 
-from sidecar.telemetry.contract import Hooks, Sink
+from sidecar.telemetry.contract import Hooks, Sink, Tracer
 from sidecar.telemetry.logs import LogSink
 from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.telemetry.metrics import MetricsSink
@@ -30,19 +30,18 @@ def build_hooks(
     environ: Mapping[str, str] = os.environ,
     recent: RecentCalls | None = None,
 ) -> Hooks:
-    """The app's hooks: traces when ``OTEL_*`` asks for them, then metrics, then logs, then
-    ``recent`` (the live page's) when given.
-
-    Traces come first so the metrics of an event can carry its span's ids as exemplars.
-    """
+    """The app's hooks: traces when ``OTEL_*`` asks for them (their open spans the hooks'
+    ``Tracer``), then metrics, then logs, then ``recent`` (the live page's) when given."""
     sinks: list[Sink] = []
+    tracer: Tracer | None = None
     exporters = tracing_exporters(environ)
     if exporters:
-        from sidecar.telemetry.traces import TraceSink
+        from sidecar.telemetry.traces import OpenSpans, TraceSink
 
-        sinks.append(TraceSink(tracer_provider(exporters), llm_model=llm_model))
+        tracer = OpenSpans()
+        sinks.append(TraceSink(tracer_provider(exporters), llm_model=llm_model, spans=tracer))
     sinks.append(MetricsSink(metrics))
     sinks.append(LogSink(access_log=access_log, clock=clock))
     if recent is not None:
         sinks.append(recent)
-    return Hooks(sinks)
+    return Hooks(sinks, tracer)

@@ -5,8 +5,11 @@ Each ``Hooks`` method makes one event (``telemetry.events``) and hands it to eve
 with a method of the event's name, in the order the sinks were registered (as structlog
 passes an event through its processors). A sink's methods are checked when it is
 registered: a public method that names no event, or takes another event than its name
-says, is an error at start-up, not a record silently never made. Nothing a sink does
-changes what the pipeline decides.
+says, is an error at start-up, not a record silently never made. Sinks read frozen events
+and hand each other nothing: what one sink knows that the pipeline or the others use (an
+attempt's trace context, a sampled span's ids for an exemplar) the ``Tracer`` is asked
+for, and it goes into the event or to the pipeline that asked. Nothing a sink does changes
+what the pipeline decides.
 """
 
 from __future__ import annotations
@@ -14,9 +17,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from contextvars import ContextVar
-from typing import Any, Protocol, Self, TypeVar, get_type_hints
-
-from multidict import CIMultiDict
+from typing import Any, Protocol, get_type_hints
 
 from sidecar.outcomes import Wait
 from sidecar.telemetry.events import (
@@ -101,23 +102,24 @@ def _handlers_of(sink: Sink) -> dict[type[Event], Callable[[Any], object]]:
 _current: ContextVar[Request | None] = ContextVar("sidecar_request", default=None)
 
 
-class _Outgoing(Protocol):
-    """A call as it goes upstream: its headers, and the same call with others."""
+class Tracer(Protocol):
+    """What the tracing sink knows of a request's spans that others use."""
 
-    @property
-    def headers(self) -> CIMultiDict[str]: ...
+    def trace_headers(self, request: Request, attempt: int) -> dict[str, str] | None:
+        """The headers that carry attempt ``attempt``'s span context upstream."""
+        ...
 
-    def with_headers(self, headers: CIMultiDict[str]) -> Self: ...
-
-
-_Request = TypeVar("_Request", bound=_Outgoing)
+    def exemplar(self, request: Request, attempt: int | None) -> dict[str, str] | None:
+        """The ids of the attempt's span (``None``: the request's), when it is sampled."""
+        ...
 
 
 class Hooks:
     """The pipeline's side of the contract, one method per event. One per app."""
 
-    def __init__(self, sinks: Sequence[Sink]) -> None:
+    def __init__(self, sinks: Sequence[Sink], tracer: Tracer | None = None) -> None:
         self.sinks = tuple(sinks)
+        self._tracer = tracer
         checked = [_handlers_of(sink) for sink in self.sinks]
         self._handlers: dict[type[Event], tuple[Callable[[Any], object], ...]] = {
             event: tuple(found[event] for found in checked if event in found)
@@ -140,25 +142,18 @@ class Hooks:
         _current.set(request)
         self._emit(RequestReceived(route, method, headers, request))
 
-    def attempt_started(self, attempt: int, request: _Request, *, hedge: bool = False) -> _Request:
-        """Attempt ``attempt`` is about to be sent: ``request`` as it must go upstream,
-        with the headers a sink asked for (its trace context); with none, exactly as given.
-        A ``hedge`` is a copy of the attempt before it, which is still waiting.
-        """
+    def attempt_started(self, attempt: int, *, hedge: bool = False) -> dict[str, str] | None:
+        """Attempt ``attempt`` is about to be sent; the headers it must carry upstream (its
+        trace context), when it is traced. A ``hedge`` is a copy of the attempt before it,
+        which is still waiting."""
         current = _current.get()
         if current is not None:
             current.attempt = attempt
         if self._handlers[AttemptStarted]:  # only traces want it: with tracing off, no event
             self._emit(AttemptStarted(attempt, current, hedge))
-        headers = current.upstream_headers if current is not None else None
-        if not headers:
-            return request
-        assert current is not None
-        current.upstream_headers = None
-        merged = request.headers.copy()
-        for name, value in headers.items():
-            merged[name] = value
-        return request.with_headers(merged)
+        if self._tracer is None or current is None:
+            return None
+        return self._tracer.trace_headers(current, attempt)
 
     def attempt_finished(
         self,
@@ -170,7 +165,8 @@ class Hooks:
     ) -> None:
         """One upstream attempt ended; ``label`` is its status code or its error kind."""
         request = _attempt_of(route, attempt)
-        self._emit(AttemptFinished(route, attempt, label, duration_s, failure, request))
+        exemplar = self._exemplar(request, attempt)
+        self._emit(AttemptFinished(route, attempt, label, duration_s, failure, request, exemplar))
 
     def retry_scheduled(
         self,
@@ -304,13 +300,29 @@ class Hooks:
         """The answer's headers went to the agent (or the agent went away); ``path`` is the
         agent's, without its query."""
         request = _of(route) if matched else None
+        exemplar = self._exemplar(request, None)
         self._emit(
             RequestFinished(
-                route, method, path, outcome, status, attempts, duration_s, trail, matched, request
+                route,
+                method,
+                path,
+                outcome,
+                status,
+                attempts,
+                duration_s,
+                trail,
+                matched,
+                request,
+                exemplar,
             )
         )
         if matched:
             _current.set(None)
+
+    def _exemplar(self, request: Request | None, attempt: int | None) -> dict[str, str] | None:
+        if self._tracer is None or request is None:
+            return None
+        return self._tracer.exemplar(request, attempt)
 
     def flush(self) -> None:
         """Every sink's buffered records sent on (blocking: call it off the event loop)."""

@@ -40,19 +40,13 @@ class Event:
 @dataclass(slots=True, eq=False)
 class Request:
     """The request in flight, from ``RequestReceived`` to ``RequestFinished``: what the
-    pipeline said of it so far, and the few things sinks hand each other across events."""
+    pipeline said of it so far. ``Hooks`` keeps it; sinks only read it, and key what they
+    keep of a request by it (it is hashed by identity)."""
 
     route: str
     method: str
     # The latest attempt started or finished.
     attempt: int = 0
-    # Labels a sink offers to link a measurement to (a sampled span's ids): the trace sink
-    # sets them, the metrics sink (registered after it) reads them.
-    exemplar: dict[str, str] | None = None
-    # Headers a sink asks ``AttemptStarted``'s attempt to carry (its trace context).
-    upstream_headers: dict[str, str] | None = None
-    # The trace sink's open spans of this request; no other sink reads them.
-    spans: Any = None
     # Each repair layer that changed the payload, with the names of the fields it changed.
     repairs: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
@@ -70,9 +64,8 @@ class RequestReceived(Event):
 
 @dataclass(frozen=True, slots=True)
 class AttemptStarted(Event):
-    """Attempt ``attempt`` is about to be sent upstream; a sink may ask it to carry headers
-    (``request.upstream_headers``). A ``hedge`` goes while the attempt before it is still
-    waiting for its answer."""
+    """Attempt ``attempt`` is about to be sent upstream. A ``hedge`` goes while the attempt
+    before it is still waiting for its answer."""
 
     attempt: int
     request: Request | None
@@ -90,6 +83,8 @@ class AttemptFinished(Event):
     duration_s: float
     failure: ToolFailure | None
     request: Request | None
+    # Labels to link the measurement to (the attempt's span's ids, when it is sampled).
+    exemplar: dict[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,3 +289,5 @@ class RequestFinished(Event):
     trail: str
     matched: bool
     request: Request | None
+    # Labels to link the measurement to (the request's span's ids, when it is sampled).
+    exemplar: dict[str, str] | None = None

@@ -14,7 +14,6 @@ from sidecar.telemetry.events import (
     RepairedRetry,
     RepairRefused,
     RepairResult,
-    Request,
     RequestFinished,
     RequestReceived,
     RetryScheduled,
@@ -26,8 +25,7 @@ from sidecar.telemetry.metric_definitions import REFUSALS_COUNTED_APART, Metrics
 
 class MetricsSink(Sink):
     """Counts and times each event on the app's ``Metrics``; the two duration histograms
-    carry the request's ``exemplar`` (a sampled span's ids) when a sink before this one
-    set it."""
+    carry the event's ``exemplar`` (a sampled span's ids) when it has one."""
 
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
@@ -39,9 +37,7 @@ class MetricsSink(Sink):
         label = event.label
         status_label = label if label.isdigit() or label == CANCELLED_ATTEMPT else "error"
         self.metrics.upstream_attempts.inc((event.route, status_label))
-        self.metrics.upstream_duration.observe(
-            (event.route,), event.duration_s, _exemplar(event.request)
-        )
+        self.metrics.upstream_duration.observe((event.route,), event.duration_s, event.exemplar)
 
     def retry_scheduled(self, event: RetryScheduled) -> None:
         self.metrics.retries.inc((event.route, event.reason))
@@ -94,9 +90,5 @@ class MetricsSink(Sink):
         method = method_label(event.method)
         self.metrics.requests.inc((event.route, method, event.outcome))
         self.metrics.request_duration.observe(
-            (event.route, event.outcome), event.duration_s, _exemplar(event.request)
+            (event.route, event.outcome), event.duration_s, event.exemplar
         )
-
-
-def _exemplar(request: Request | None) -> dict[str, str] | None:
-    return request.exemplar if request is not None else None

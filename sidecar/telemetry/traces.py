@@ -44,7 +44,7 @@ from sidecar.telemetry.spans import SpanRecord, SpanRecorder
 
 @dataclass(slots=True, eq=False)
 class _Spans:
-    """A request's open spans, kept on its ``Request`` from its first event to its last."""
+    """A request's open spans, kept from its first event to its last."""
 
     server: SpanRecord
     # Each attempt's span and when it ended, by attempt number, until what followed it is
@@ -55,10 +55,38 @@ class _Spans:
     feedback: bool = False
 
 
+class OpenSpans:
+    """Each request's open spans, by its ``Request``: the trace sink keeps them, and the
+    pipeline asks them (as its ``Tracer``) for an attempt's context and a span's ids."""
+
+    def __init__(self) -> None:
+        self.by_request: dict[Request, _Spans] = {}
+
+    def of(self, request: Request | None) -> _Spans | None:
+        """The request's open spans; none for an event outside a request traced here."""
+        return self.by_request.get(request) if request is not None else None
+
+    def trace_headers(self, request: Request, attempt: int) -> dict[str, str] | None:
+        spans = self.by_request.get(request)
+        if spans is None or attempt not in spans.attempts:
+            return None
+        return spans.attempts[attempt][0].traceparent()
+
+    def exemplar(self, request: Request, attempt: int | None) -> dict[str, str] | None:
+        spans = self.by_request.get(request)
+        if spans is None:
+            return None
+        if attempt is None:
+            return spans.server.exemplar()
+        started = spans.attempts.get(attempt)
+        return started[0].exemplar() if started is not None else None
+
+
 class TraceSink(Sink):
     """Spans and span events for every event of a request."""
 
-    def __init__(self, tracing: Tracing, *, llm_model: str) -> None:
+    def __init__(self, tracing: Tracing, *, llm_model: str, spans: OpenSpans) -> None:
+        self._open = spans
         self._tracing = tracing
         self._spans = SpanRecorder(tracing.provider, tracing.processors, tracing.batcher)
         self._propagator = TraceContextTextMapPropagator()
@@ -93,11 +121,11 @@ class TraceSink(Sink):
                 "sidecar.route": event.route,
             },
         )
-        event.request.spans = _Spans(server)
+        self._open.by_request[event.request] = _Spans(server)
 
     def attempt_started(self, event: AttemptStarted) -> None:
         request = event.request
-        spans = _spans(request)
+        spans = self._open.of(request)
         if request is None or spans is None:
             return
         self._end_attempts(spans, racing=event.hedge)
@@ -113,11 +141,10 @@ class TraceSink(Sink):
             _method(request.method), spans.server, kind=SpanKind.CLIENT, attributes=attributes
         )
         spans.attempts[event.attempt] = (span, None)
-        request.upstream_headers = span.traceparent()
 
     def attempt_finished(self, event: AttemptFinished) -> None:
         request = event.request
-        spans = _spans(request)
+        spans = self._open.of(request)
         if request is None or spans is None or event.attempt not in spans.attempts:
             return
         span = spans.attempts[event.attempt][0]
@@ -143,10 +170,9 @@ class TraceSink(Sink):
             if event.failure.category:
                 attributes["sidecar.error_category"] = event.failure.category
         spans.attempts[event.attempt] = (span, time.time_ns())
-        request.exemplar = span.exemplar()
 
     def retry_scheduled(self, event: RetryScheduled) -> None:
-        spans = _spans(event.request)
+        spans = self._open.of(event.request)
         if spans is None:
             return
         self._end_attempts(spans, event.reason)
@@ -160,12 +186,12 @@ class TraceSink(Sink):
         )
 
     def repaired_retry(self, event: RepairedRetry) -> None:
-        spans = _spans(event.request)
+        spans = self._open.of(event.request)
         if spans is not None:
             self._end_attempts(spans, "repaired", event.layer)
 
     def repair_started(self, event: RepairStarted) -> None:
-        spans = _spans(event.request)
+        spans = self._open.of(event.request)
         if spans is None:
             return
         span = self._spans.start_child("repair", spans.server)
@@ -174,7 +200,7 @@ class TraceSink(Sink):
         spans.feedback = True
 
     def payload_repaired(self, event: PayloadRepaired) -> None:
-        spans = _spans(event.request)
+        spans = self._open.of(event.request)
         if spans is None:
             return
         attributes = {
@@ -194,7 +220,7 @@ class TraceSink(Sink):
         _coercion_event(span, event)
 
     def repair_result(self, event: RepairResult) -> None:
-        spans = _spans(event.request)
+        spans = self._open.of(event.request)
         if spans is None:
             return
         if spans.repair is not None:
@@ -206,14 +232,14 @@ class TraceSink(Sink):
             )
 
     def repair_refused(self, event: RepairRefused) -> None:
-        spans = _spans(event.request)
+        spans = self._open.of(event.request)
         if spans is not None and spans.repair is not None:
             spans.repair.attributes.update(
                 {"sidecar.repair.result": "refused", "sidecar.repair.refusal": event.reason}
             )
 
     def repair_finished(self, event: RepairFinished) -> None:
-        spans = _spans(event.request)
+        spans = self._open.of(event.request)
         if spans is None or spans.repair is None:
             return
         span, spans.repair = spans.repair, None
@@ -227,7 +253,7 @@ class TraceSink(Sink):
         self._spans.end(span)
 
     def llm_call_finished(self, event: LlmCallFinished) -> None:
-        spans = _spans(event.request)
+        spans = self._open.of(event.request)
         if spans is None:
             return
         parent = spans.repair or spans.server
@@ -258,25 +284,25 @@ class TraceSink(Sink):
         self._spans.end(span, ended)
 
     def budget_exhausted(self, event: BudgetExhausted) -> None:
-        _server_event(event.request, "retry_budget.exhausted", {})
+        self._server_event(event.request, "retry_budget.exhausted", {})
 
     def circuit_refused(self, event: CircuitRefused) -> None:
-        _server_event(event.request, "circuit.refused", {"sidecar.tool": event.tool})
+        self._server_event(event.request, "circuit.refused", {"sidecar.tool": event.tool})
 
     def hedge_finished(self, event: HedgeFinished) -> None:
-        _server_event(event.request, "hedge.finished", {"sidecar.hedge.result": event.result})
+        self._server_event(event.request, "hedge.finished", {"sidecar.hedge.result": event.result})
 
     def sidecar_overloaded(self, event: SidecarOverloaded) -> None:
-        _server_event(
+        self._server_event(
             event.request, "sidecar.overloaded", {"sidecar.overload.reason": event.reason}
         )
 
     def request_finished(self, event: RequestFinished) -> None:
         request = event.request
-        spans = _spans(request)
+        spans = self._open.of(request)
         if request is None or spans is None:
             return
-        request.spans = None
+        del self._open.by_request[request]
         self._end_attempts(spans)
         if spans.repair is not None:
             self._spans.end(spans.repair)
@@ -290,8 +316,12 @@ class TraceSink(Sink):
         if event.status >= 500:
             attributes["error.type"] = str(event.status)
             server.error = True
-        request.exemplar = server.exemplar()
         self._spans.end(server)
+
+    def _server_event(self, request: Request | None, name: str, attributes: dict[str, Any]) -> None:
+        spans = self._open.of(request)
+        if spans is not None:
+            spans.server.add_event(name, attributes)
 
     def _end_attempts(
         self, spans: _Spans, reason: str = "", layer: str = "", *, racing: bool = False
@@ -307,17 +337,6 @@ class TraceSink(Sink):
             if layer:
                 span.attributes["sidecar.repair.layer"] = layer
             self._spans.end(span, ended)
-
-
-def _server_event(request: Request | None, name: str, attributes: dict[str, Any]) -> None:
-    spans = _spans(request)
-    if spans is not None:
-        spans.server.add_event(name, attributes)
-
-
-def _spans(request: Request | None) -> _Spans | None:
-    """The request's open spans; none for an event outside a request traced here."""
-    return request.spans if request is not None else None
 
 
 def _coercion_event(span: SpanRecord, event: PayloadRepaired) -> None:
