@@ -16,8 +16,9 @@ import importlib.util
 # also serves, it is no mistyped setting.
 BUILD_SETTING = "SIDECAR_COMPILE"
 
-# The modules on a request's path whose compiled form pays: the transport, the agent-facing
-# server and the retry package took 90k, 59k and 71k instructions off a request's 916k,
+# The modules on a request's path whose compiled form pays: the transport (with the wire
+# beneath it and the agent's side), the agent-facing server and the retry package took
+# 90k, 59k and 71k instructions off a request's 916k,
 # and the streamed bodies' iterators, the cancellation watch and the guards 58k more; the
 # four of tool/, outcomes and credentials none (docs/performance.md). Not compiled either:
 # the telemetry events and sinks, whose handlers telemetry.contract checks by their
@@ -47,13 +48,13 @@ COMPILED_MODULES: tuple[str, ...] = (
     "sidecar.serve.proxy",
     "sidecar.serve.relay",
     "sidecar.transport.answer",
-    "sidecar.transport.body",
-    "sidecar.transport.buffers",
     "sidecar.transport.connection",
     "sidecar.transport.exchange",
-    "sidecar.transport.grammar",
-    "sidecar.transport.headers",
     "sidecar.transport.pool",
+    "sidecar.wire.body",
+    "sidecar.wire.buffers",
+    "sidecar.wire.grammar",
+    "sidecar.wire.headers",
 )
 
 

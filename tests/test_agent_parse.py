@@ -14,8 +14,8 @@ from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.answers import Refusal
 from sidecar.serve.httpserver import AgentConnection, upgrade_body_head
 from sidecar.serve.proxy import _check_head
-from sidecar.transport.buffers import BufferBudget
-from sidecar.transport.headers import end_to_end_headers
+from sidecar.wire.buffers import BufferBudget
+from sidecar.wire.headers import end_to_end_headers
 
 
 class Stream:

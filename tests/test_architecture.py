@@ -51,6 +51,7 @@ def test_at_most_ten_modules_sit_directly_in_the_package() -> None:
 LAYERS = (
     ("outcomes", "bugs", "ids", "credentials", "build"),
     ("config",),
+    ("wire",),
     ("tool", "transport"),
     ("telemetry",),
     ("repair",),

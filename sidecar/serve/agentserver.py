@@ -11,7 +11,7 @@ from aiohttp import web
 
 from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.httpserver import AgentConnection
-from sidecar.transport.buffers import BufferBudget
+from sidecar.wire.buffers import BufferBudget
 
 ProxyHandler = Callable[[AgentRequest], Awaitable[AgentReply]]
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
-from collections.abc import Callable
 from email.utils import formatdate
 from http import HTTPStatus
 
@@ -22,6 +20,8 @@ from aiohttp import HttpVersion, HttpVersion10, HttpVersion11
 from aiohttp.http_exceptions import HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
+
+from sidecar.wire.body import BodyStream
 
 # Statuses whose answers never have a body, besides the 1xx (RFC 9110 §15.3.5, §15.4.5).
 _BODILESS_STATUS = frozenset({204, 304})
@@ -32,108 +32,6 @@ BODY_HIGH_WATER = 256 * 1024
 
 class BodyMalformed(HttpProcessingError):
     """The agent's body framing broke (a bad chunk) after the head was taken on."""
-
-
-class AgentBody:
-    """The request body as it arrives; the reading side of the agent's connection.
-
-    ``pause``/``resume`` are the connection's: past ``BODY_HIGH_WATER`` unread bytes it
-    stops reading the socket until the proxy catches up.
-    """
-
-    __slots__ = (
-        "_buffered",
-        "_chunks",
-        "_eof",
-        "_error",
-        "_pause",
-        "_resume",
-        "_waiter",
-        "_wanted",
-    )
-
-    def __init__(self, pause: Callable[[], None], resume: Callable[[], None]) -> None:
-        self._chunks: deque[bytes] = deque()
-        self._buffered = 0
-        self._eof = False
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        # Bytes a reader waits for all at once: buffered, they are no backlog.
-        self._wanted = BODY_HIGH_WATER
-        self._pause = pause
-        self._resume = resume
-
-    def feed(self, data: bytes) -> None:
-        self._chunks.append(data)
-        self._buffered += len(data)
-        if self._buffered > self._wanted:
-            self._pause()
-        self._wake()
-
-    def feed_eof(self) -> None:
-        self._eof = True
-        self._wake()
-
-    def set_exception(self, error: BaseException) -> None:
-        self._error = error
-        self._wake()
-
-    def abandon(self, error: BaseException) -> None:
-        """The connection is gone: what is buffered will never be read."""
-        self._chunks.clear()
-        self._buffered = 0
-        self.set_exception(error)
-
-    def is_eof(self) -> bool:
-        return self._eof and not self._chunks
-
-    async def readany(self) -> bytes:
-        """What has arrived (waiting for some), or ``b""`` at the end of the body."""
-        while not self._chunks:
-            if self._error is not None:
-                raise self._error
-            if self._eof:
-                return b""
-            await self._wait()
-        return self._take(len(self._chunks) if self._buffered <= BODY_HIGH_WATER else 1)
-
-    async def readexactly(self, size: int) -> bytes:
-        if size > self._wanted:
-            self._wanted = size
-            self._resume()
-        while self._buffered < size:
-            if self._error is not None:
-                raise self._error
-            if self._eof:
-                partial = self._take(len(self._chunks))
-                raise asyncio.IncompleteReadError(partial, size)
-            await self._wait()
-        self._wanted = BODY_HIGH_WATER
-        data = self._take(len(self._chunks))
-        if len(data) > size:
-            self._chunks.appendleft(data[size:])
-            self._buffered += len(data) - size
-        return data[:size]
-
-    def _take(self, count: int) -> bytes:
-        data = self._chunks.popleft() if count == 1 else b"".join(self._chunks)
-        if count != 1:
-            self._chunks.clear()
-        self._buffered -= len(data)
-        if self._buffered <= self._wanted:
-            self._resume()
-        return data
-
-    async def _wait(self) -> None:
-        self._waiter = asyncio.get_running_loop().create_future()
-        try:
-            await self._waiter
-        finally:
-            self._waiter = None
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
 
 
 class AgentRequest:
@@ -182,7 +80,7 @@ class AgentRequest:
         length = self.headers.get("Content-Length")
         self.content_length = int(length) if length is not None else None
         self.body_exists = bool(self.content_length) or "Transfer-Encoding" in self.headers
-        self.content = AgentBody(connection.pause_reading, connection.resume_reading)
+        self.content = BodyStream(connection, BODY_HIGH_WATER)
         if not self.body_exists:
             self.content.feed_eof()
 

@@ -30,8 +30,8 @@ from sidecar.telemetry.logging_setup import http_server_logger
 from sidecar.telemetry.loop_lag import watch_loop_lag
 from sidecar.telemetry.metric_definitions import Metrics
 from sidecar.telemetry.recent import RecentCalls
-from sidecar.transport.buffers import BufferBudget
 from sidecar.transport.exchange import create_pool
+from sidecar.wire.buffers import BufferBudget
 
 if TYPE_CHECKING:
     import openai

@@ -318,7 +318,7 @@ class AgentConnection(AnswerWriter):
             await self._send_whole(request.version, request.method, reply, request.keep_alive)
         if not reply.keep_alive or self._transport is None:
             return False
-        if request.content.is_eof():
+        if request.content.at_eof():
             return True
         # Read what is left of an unread body for a while, so that an agent still sending
         # sees the answer rather than a reset; the connection goes on only if it all came.

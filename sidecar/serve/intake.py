@@ -16,8 +16,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from sidecar.serve import answers
 from sidecar.serve.agentwire import AgentRequest
-from sidecar.transport.buffers import hold
-from sidecar.transport.exchange import read_deadline
+from sidecar.wire.body import read_deadline
+from sidecar.wire.buffers import hold
 
 
 @dataclass(slots=True)

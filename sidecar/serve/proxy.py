@@ -28,10 +28,10 @@ from sidecar.serve.routing import RouteTable, Target, target_fault
 from sidecar.telemetry import Hooks
 from sidecar.telemetry.contract import UNMATCHED_ROUTE
 from sidecar.tool.eventstream import is_event_stream
-from sidecar.transport.buffers import BufferBudget, Ledger
 from sidecar.transport.connection import RequestBody
 from sidecar.transport.exchange import Answer, UpstreamRequest
-from sidecar.transport.headers import undeliverable_header, upstream_request_headers
+from sidecar.wire.buffers import BufferBudget, Ledger
+from sidecar.wire.headers import undeliverable_header, upstream_request_headers
 
 _log = structlog.get_logger("sidecar")
 

@@ -11,7 +11,7 @@ import structlog
 from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.tool.eventstream import AnswerReader
 from sidecar.transport.exchange import Answer, BodyBroken
-from sidecar.transport.headers import end_to_end_headers
+from sidecar.wire.headers import end_to_end_headers
 
 _log = structlog.get_logger("sidecar")
 

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from sidecar.transport.grammar import (
+from sidecar.wire.grammar import (
     BARE_LF,
     CHUNK_LINE,
     FIELD_LINES,

@@ -18,7 +18,7 @@ from typing import cast
 
 from sidecar.bugs import SidecarBug
 from sidecar.transport.answer import AnswerParser, Head, MalformedAnswer
-from sidecar.transport.body import BodyStream
+from sidecar.wire.body import BodyStream
 
 # Unread body bytes past which the socket stops being read.
 _READ_HIGH_WATER = 2**17

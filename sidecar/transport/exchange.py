@@ -9,11 +9,9 @@ are not translated: they are no fault of the tool's.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
@@ -22,10 +20,10 @@ from sidecar.outcomes import AttemptError, NoAnswer, out_of_descriptors
 from sidecar.tool.envelopes import json_document
 from sidecar.tool.eventstream import AnswerReader
 from sidecar.transport.answer import MalformedAnswer
-from sidecar.transport.body import BodyStream
-from sidecar.transport.buffers import hold
 from sidecar.transport.connection import ConnectionBroken, Progress, RequestBody, Stage
 from sidecar.transport.pool import Pool, Response
+from sidecar.wire.body import BodyStream, read_deadline
+from sidecar.wire.buffers import hold
 
 
 def create_pool(max_connections: int, max_head_bytes: int) -> Pool:
@@ -346,19 +344,6 @@ def _streamed(
     """An event stream's answer as read so far."""
     more = stream if stream is not head else None
     return Answer(head, bytes(buffer), complete=False, reader=reader, stream=more, **read)
-
-
-class _Body(Protocol):
-    def is_eof(self) -> bool: ...
-
-
-def read_deadline(stream: _Body, timeout_s: float) -> AbstractAsyncContextManager[object]:
-    """A timeout for reading ``stream``, or none when the whole body is already here.
-
-    A small body usually arrives with its head: reading it cannot wait, and arming and
-    cancelling a timer for it cost ~3% of the CPU per request.
-    """
-    return contextlib.nullcontext() if stream.is_eof() else asyncio.timeout(timeout_s)
 
 
 async def _read_up_to(response: Response, limit: int, buffer: bytearray) -> bool:

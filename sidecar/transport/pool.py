@@ -24,7 +24,6 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from sidecar.transport.answer import Framing, Head
-from sidecar.transport.body import BodyStream
 from sidecar.transport.connection import (
     Connection,
     ConnectionState,
@@ -33,6 +32,7 @@ from sidecar.transport.connection import (
     RequestBody,
     Stage,
 )
+from sidecar.wire.body import BodyStream
 
 # Opens a connection to a tool: the pool's own dials a socket; a test's hands the
 # connection a transport of its own. Given the pool, whose ``forget`` a connection calls.
