@@ -58,9 +58,8 @@ async def main():
     app.router.add_route("*", "/{path:.*}", tool)
     runner = web.AppRunner(app)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    port = runner.addresses[0][1]
     async def no_wait(seconds):
         return None
     configuration = load_settings(upstream_url=f"http://127.0.0.1:{port}")
@@ -68,11 +67,15 @@ async def main():
     configuration = configuration.served() if hasattr(configuration, "served") else configuration
     sidecar_app = create_app(configuration, sleep=no_wait)
     async with running(sidecar_app):
-        server = web.ServerRunner(proxy_server(sidecar_app, configuration))
-        await server.setup()
-        proxy = web.TCPSite(server, "127.0.0.1", 0)
-        await proxy.start()
-        proxy_port = proxy._server.sockets[0].getsockname()[1]
+        agents = proxy_server(sidecar_app, configuration)
+        if hasattr(agents, "start"):  # from 0.6 the agents' side is a server of its own
+            await agents.start("127.0.0.1", 0, backlog=128)
+            proxy_port = agents.port
+        else:
+            server = web.ServerRunner(agents)
+            await server.setup()
+            await web.TCPSite(server, "127.0.0.1", 0).start()
+            proxy_port = server.addresses[0][1]
         async with ClientSession() as client:
             url = f"http://127.0.0.1:{proxy_port}/weather"
             sys.setprofile(profile)
@@ -80,7 +83,7 @@ async def main():
                 await answer.read()
             sys.setprofile(None)
             assert answer.status == 200, answer.status
-        await server.cleanup()
+        await (agents.close(0.25) if hasattr(agents, "start") else server.cleanup())
     await runner.cleanup()
 
 asyncio.run(main())

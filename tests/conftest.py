@@ -26,6 +26,7 @@ from yarl import URL
 
 from sidecar.build import COMPILED_MODULES
 from sidecar.config import load_settings
+from sidecar.serve.agentserver import AgentServer
 from sidecar.serve.app import create_app, proxy_server, running
 
 if TYPE_CHECKING:
@@ -228,14 +229,38 @@ async def make_sidecar(aiohttp_client: Any) -> AsyncIterator[Callable[..., Await
 
 
 class ServedProxy(BaseTestServer):
-    """The proxy's own aiohttp server on loopback, as ``serve`` runs it."""
+    """The proxy's own server (``AgentServer``) on loopback, as ``serve`` runs it, for
+    aiohttp's test client: what the client asks of a test server, and no runner."""
 
-    def __init__(self, server: web.Server) -> None:
+    def __init__(self, agents: AgentServer) -> None:
         super().__init__()
-        self._server = server
+        self.agents = agents
+        self._listening = False
+
+    async def start_server(self, loop: Any = None, **kwargs: Any) -> None:
+        if self._listening:
+            return
+        await self.agents.start(self.host, 0, backlog=128)
+        self.port = self.agents.port
+        self.scheme = "http"
+        self._listening = True
+
+    def make_url(self, path: Any) -> URL:
+        url = URL(path)
+        assert not url.absolute
+        return URL.build(scheme="http", host=self.host, port=self.port).join(url)
+
+    @property
+    def started(self) -> bool:
+        return self._listening
+
+    async def close(self) -> None:
+        if self._listening:
+            self._listening = False
+            await self.agents.close(grace_s=0.25)
 
     async def _make_runner(self, **kwargs: Any) -> web.ServerRunner:
-        return web.ServerRunner(self._server, **kwargs)
+        raise NotImplementedError("the proxy's server is no aiohttp runner's")
 
 
 def scripted(*answers: Callable[[], web.StreamResponse]) -> Handler:

@@ -59,7 +59,7 @@ class Seen:
 
 @dataclass
 class Server:
-    """The attributes ``AgentConnection`` reads from its ``ProxyServer``."""
+    """What ``AgentConnection`` reads of its server (``httpserver.Serving``)."""
 
     seen: list[Seen] = field(default_factory=list)
     client_timeout_s: float = 60.0
@@ -70,7 +70,7 @@ class Server:
     buffers: BufferBudget = field(default_factory=lambda: BufferBudget(2**24))
     agents: set[object] = field(default_factory=set)
 
-    async def proxy_handler(self, request: AgentRequest) -> AgentReply:
+    async def handler(self, request: AgentRequest) -> AgentReply:
         try:
             _check_head(request, 2**16)  # the proxy's first look at a head
         except Refusal as refused:
@@ -172,7 +172,7 @@ async def test_an_agent_body_with_a_bad_chunk_line_never_reaches_the_handler(lin
 
 async def test_the_framing_head_of_an_upgrade_body():
     # A real connection: the compiled build checks the type of what a request is given.
-    agent = AgentConnection(Server())  # type: ignore[arg-type]  # the attributes it reads
+    agent = AgentConnection(Server())
 
     def request(method: str, *headers: tuple[bytes, bytes]) -> AgentRequest:
         from aiohttp import HttpVersion11

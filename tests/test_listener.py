@@ -9,15 +9,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import logging
 import socket
 from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 import uvloop
-from aiohttp import web
 
-from sidecar.serve.listener import AcceptingSite, Listener
+from sidecar.serve.agentserver import AgentServer
+from sidecar.serve.agentwire import AgentReply, AgentRequest
+from sidecar.serve.listener import Listener
+from sidecar.wire.buffers import BufferBudget
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "asyncio": asyncio.new_event_loop,
@@ -43,38 +46,43 @@ def _on(new_loop: Callable[[], asyncio.AbstractEventLoop], work: Coroutine[Any, 
         return runner.run(work)
 
 
-async def _answer(request: web.BaseRequest) -> web.Response:
-    return web.Response(text="ok")
+async def _answer(request: AgentRequest) -> AgentReply:
+    return AgentReply(200, body=b"ok")
 
 
 @contextlib.asynccontextmanager
-async def _site(port: int = 0) -> AsyncIterator[tuple[web.Server, AcceptingSite, int]]:
-    """A started site on ``port`` of 127.0.0.1: its server, itself and its port."""
-    server = web.Server(_answer)
-    runner = web.ServerRunner(server)
-    await runner.setup()
+async def _serving(port: int = 0) -> AsyncIterator[tuple[AgentServer, int]]:
+    """An agent server listening on ``port`` of 127.0.0.1, and its port."""
+    server = AgentServer(
+        _answer,
+        client_timeout_s=60.0,
+        max_line_size=8190,
+        max_field_size=8190,
+        lingering_s=1.0,
+        logger=logging.getLogger("test"),
+        buffers=BufferBudget(2**24),
+    )
+    await server.start("127.0.0.1", port, backlog=128)
     try:
-        site = AcceptingSite(runner, "127.0.0.1", port, backlog=128)
-        await site.start()
-        yield server, site, runner.addresses[0][1]
+        yield server, server.port
     finally:
-        await runner.cleanup()
+        await server.close(grace_s=1.0)
 
 
 async def _burst_accepted_within_turns() -> int:
     """Turns of the loop, after the first agent's connection was taken on, that the
     rest of a burst of agents waited."""
-    async with _site() as (server, _, port):
+    async with _serving() as (server, port):
         # Blocking connects: the kernel completes each handshake into the listen queue
         # before the loop runs again, so all of them wait there together.
         agents = [socket.create_connection(("127.0.0.1", port)) for _ in range(BURST)]
         try:
             for _ in range(100):
-                if server.connections:
+                if server.agents:
                     break
                 await asyncio.sleep(0)
             turns = 0
-            while len(server.connections) < BURST and turns < 100:
+            while len(server.agents) < BURST and turns < 100:
                 await asyncio.sleep(0)
                 turns += 1
             return turns
@@ -91,12 +99,12 @@ def test_agents_connecting_together_are_all_taken_on_in_one_turn(
 
 
 async def _answers_then_refuses_once_stopped() -> tuple[bytes, type[OSError] | None]:
-    async with _site() as (_, site, port):
+    async with _serving() as (server, port):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         answer = await reader.read()
         writer.close()
-        await site.stop()
+        server.stop_listening()
         refused: type[OSError] | None = None
         try:
             await asyncio.open_connection("127.0.0.1", port)
@@ -106,7 +114,7 @@ async def _answers_then_refuses_once_stopped() -> tuple[bytes, type[OSError] | N
 
 
 @pytest.mark.parametrize("new_loop", LOOPS.values(), ids=list(LOOPS))
-def test_a_site_answers_and_stops_listening_when_stopped(
+def test_a_server_answers_and_stops_listening_when_told(
     new_loop: Callable[[], asyncio.AbstractEventLoop],
 ) -> None:
     status_line, refused = _on(new_loop, _answers_then_refuses_once_stopped())
@@ -116,7 +124,7 @@ def test_a_site_answers_and_stops_listening_when_stopped(
 
 def test_a_port_in_use_is_refused_with_its_errno() -> None:
     async def bind_twice() -> None:
-        async with _site() as (_, _, port), _site(port):
+        async with _serving() as (_, port), _serving(port):
             pass
 
     with pytest.raises(OSError) as refused:

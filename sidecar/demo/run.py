@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sidecar.config import load_settings
 from sidecar.demo.tool import API_KEY, ToolLog, create_tool_app
-from sidecar.serve.app import LIFECYCLE, create_admin_app, create_app, proxy_runner_for, running
+from sidecar.serve.app import LIFECYCLE, create_admin_app, create_app, proxy_server, running
 
 # Short waits so the whole demo runs in a few seconds; the tool's own Retry-After (1 s) is
 # honoured as it is.
@@ -136,14 +136,13 @@ async def run_demo(
     sidecar_app = create_app(settings)
     started = contextlib.AsyncExitStack()
     await started.enter_async_context(running(sidecar_app))
-    sidecar_runner = proxy_runner_for(sidecar_app, settings)
+    sidecar = proxy_server(sidecar_app, settings)
     admin_runner = web.AppRunner(create_admin_app(sidecar_app), access_log=None)
-    await sidecar_runner.setup()
+    await sidecar.start("127.0.0.1", 0, backlog=128)
     await admin_runner.setup()
-    await web.TCPSite(sidecar_runner, "127.0.0.1", 0).start()
     await web.TCPSite(admin_runner, "127.0.0.1", 0).start()
     sidecar_app[LIFECYCLE].ready = True
-    sidecar_url = f"http://127.0.0.1:{sidecar_runner.addresses[0][1]}"
+    sidecar_url = f"http://127.0.0.1:{sidecar.port}"
     admin_url = f"http://127.0.0.1:{admin_runner.addresses[0][1]}"
     has_llm = settings.llm_base_url is not None or settings.llm_api_key is not None
 
@@ -171,7 +170,7 @@ async def run_demo(
             _print_curl_lines(write, sidecar_url, admin_url)
             await _wait_for_signal()
     finally:
-        await sidecar_runner.cleanup()
+        await sidecar.close(grace_s=0.25)
         await admin_runner.cleanup()
         await started.aclose()
         await tool_runner.cleanup()

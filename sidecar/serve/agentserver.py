@@ -1,28 +1,30 @@
-"""The agent-facing server as aiohttp's runners and sites know it: it makes one
-``AgentConnection`` (``httpserver``) per agent connection and drains them on shutdown."""
+"""The agent-facing server, as uvicorn's ``Server`` owns its sockets and protocols: the
+listening sockets (``listener``), one ``AgentConnection`` (``httpserver``) per agent, and
+their end, started and closed as one. No aiohttp runner or site stands between: aiohttp
+keeps the admin port."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Awaitable, Callable
-
-from aiohttp import web
 
 from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.httpserver import AgentConnection
+from sidecar.serve.listener import Listener, bound_sockets
 from sidecar.wire.buffers import BufferBudget
 
-ProxyHandler = Callable[[AgentRequest], Awaitable[AgentReply]]
+Handler = Callable[[AgentRequest], Awaitable[AgentReply]]
 
 
-class ProxyServer(web.Server):
-    """aiohttp's low-level server as its runners and sites know it, serving the proxy's
-    agents on the protocol below."""
+class AgentServer:
+    """Serves the proxy's agents: ``start`` listens, ``stop_listening`` takes no one new,
+    ``close`` lets the answers under way finish for a grace time, then cuts them."""
 
     def __init__(
         self,
-        handler: ProxyHandler,
+        handler: Handler,
         *,
         client_timeout_s: float,
         max_line_size: int,
@@ -31,8 +33,7 @@ class ProxyServer(web.Server):
         logger: logging.Logger,
         buffers: BufferBudget,
     ) -> None:
-        super().__init__(handler)  # type: ignore[arg-type]  # the handler takes our request
-        self.proxy_handler = handler
+        self.handler = handler
         self.client_timeout_s = client_timeout_s
         self.max_line_size = max_line_size
         self.max_field_size = max_field_size
@@ -40,15 +41,41 @@ class ProxyServer(web.Server):
         self.logger = logger
         self.buffers = buffers
         self.agents: set[AgentConnection] = set()
+        self._listener: Listener | None = None
 
-    def __call__(self) -> AgentConnection:  # type: ignore[override]  # not aiohttp's protocol
-        return AgentConnection(self)
+    async def start(self, host: str, port: int, *, backlog: int) -> None:
+        """Listen on every address ``host`` names (``port`` 0: any free one). Each wake-up
+        accepts up to ``backlog`` waiting agents."""
+        loop = asyncio.get_running_loop()
+        sockets = await bound_sockets(loop, host, port, backlog)
+        self._listener = Listener(loop, self._connection, sockets, backlog)
 
-    def pre_shutdown(self) -> None:
+    @property
+    def sockets(self) -> tuple[socket.socket, ...]:
+        return self._listener.sockets if self._listener is not None else ()
+
+    @property
+    def port(self) -> int:
+        """The port listened on (the one bound, when 0 asked for any)."""
+        return int(self.sockets[0].getsockname()[1])
+
+    def stop_listening(self) -> None:
+        """Take no new agent; those connected go on."""
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    async def close(self, grace_s: float) -> None:
+        """Stop listening; an idle connection closes now, one answering gets ``grace_s`` to
+        finish its answer and is then cut."""
+        self.stop_listening()
+        # As aiohttp's runner does: one turn of the loop for the heads that arrived before
+        # the listener closed, so that they are answered rather than dropped as idle.
+        await asyncio.sleep(0)
         for agent in list(self.agents):
             agent.close_when_idle()
-
-    # The runner calls this with aiohttp's signature.
-    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109
-        await asyncio.gather(*(agent.shutdown(timeout) for agent in list(self.agents)))
+        await asyncio.gather(*(agent.shutdown(grace_s) for agent in list(self.agents)))
         self.agents.clear()
+
+    def _connection(self) -> AgentConnection:
+        return AgentConnection(self)

@@ -21,7 +21,7 @@ from sidecar.repair.schemas import SchemaStore
 from sidecar.retry.engine import Clock, Engine, Sleep
 from sidecar.retry.guards.fleet import StateStore
 from sidecar.serve.admin_host import admin_host_check
-from sidecar.serve.agentserver import ProxyServer
+from sidecar.serve.agentserver import AgentServer
 from sidecar.serve.proxy import Proxy
 from sidecar.serve.routing import RouteTable
 from sidecar.serve.ui.page import live_view_routes
@@ -222,14 +222,7 @@ async def running(app: web.Application) -> AsyncIterator[web.Application]:
         await app.cleanup()
 
 
-def proxy_runner_for(
-    app: web.Application, settings: ServedSettings, **runner: Any
-) -> web.ServerRunner:
-    """A runner serving a running proxy app on ``proxy_server``."""
-    return web.ServerRunner(proxy_server(app, settings), **runner)
-
-
-def proxy_server(app: web.Application, settings: ServedSettings) -> web.Server:
+def proxy_server(app: web.Application, settings: ServedSettings) -> AgentServer:
     """A running proxy app on the agent-facing server (``httpserver``).
 
     Every method and path (CONNECT's host:port and OPTIONS's ``*`` too) goes to the
@@ -241,7 +234,7 @@ def proxy_server(app: web.Application, settings: ServedSettings) -> web.Server:
     limit is one byte more, so that a line over it tells which limit was passed (414 or
     431); the section's total catches that byte.
     """
-    return ProxyServer(
+    return AgentServer(
         app[PROXY].handle,
         client_timeout_s=settings.client_timeout_ms / 1000,
         max_line_size=settings.max_header_bytes,

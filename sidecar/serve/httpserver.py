@@ -9,7 +9,8 @@ duplicate lengths, bad tokens and bare LFs are refused); the head limits (414 fo
 request line, 431 for a header line or a head that never ends); the client timeout for a
 head, on a new connection and between requests; keep-alive and pipelining, answered in
 order; a body streamed with backpressure; a handler cancelled when its agent goes away;
-a short linger for an unread body; and the drain of ``web.Server``'s runner.
+a short linger for an unread body; and a drain (``AgentServer.close``) that lets the
+answers under way finish.
 
 Every answer of its own carries the envelope and the ``X-Sidecar-*`` report, never the request.
 """
@@ -17,8 +18,10 @@ Every answer of its own carries the envelope and the ``X-Sidecar-*`` report, nev
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from collections.abc import Awaitable, Callable
+from typing import Protocol, cast
 
 import httptools
 from aiohttp import HttpVersion, HttpVersion10, HttpVersion11
@@ -31,9 +34,7 @@ from sidecar.serve.agentwire import (
     BodyMalformed,
     answer_head,
 )
-
-if TYPE_CHECKING:
-    from sidecar.serve.agentserver import ProxyServer
+from sidecar.wire.buffers import BufferBudget
 
 # Pipelined requests parsed ahead of the one being answered before reading pauses.
 _PIPELINE_LIMIT = 16
@@ -44,10 +45,23 @@ class _RefusedHead(Exception):
     """A head over a limit, raised inside the parser's callback."""
 
 
+class Serving(Protocol):
+    """What a connection reads of the server that accepted it (``AgentServer``)."""
+
+    client_timeout_s: float  # for a head, on a new connection and between requests
+    max_line_size: int
+    max_field_size: int
+    lingering_s: float  # for the rest of a body the answer did not need
+    logger: logging.Logger
+    buffers: BufferBudget
+    agents: set[AgentConnection]  # the connections open
+    handler: Callable[[AgentRequest], Awaitable[AgentReply]]  # what answers each request
+
+
 class AgentConnection(AnswerWriter):
     """One agent's connection: its requests parsed as they arrive, answered in order."""
 
-    def __init__(self, server: ProxyServer) -> None:
+    def __init__(self, server: Serving) -> None:
         super().__init__()
         self._server = server
         self._parser = httptools.HttpRequestParser(self)
@@ -299,7 +313,7 @@ class AgentConnection(AnswerWriter):
 
     async def _answer(self, request: AgentRequest) -> AgentReply:
         try:
-            return await self._server.proxy_handler(request)
+            return await self._server.handler(request)
         except asyncio.CancelledError:
             raise
         except Exception:

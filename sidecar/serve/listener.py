@@ -16,36 +16,10 @@ import functools
 import socket
 from collections.abc import Callable
 
-from aiohttp import web
-from yarl import URL
-
 # Out of descriptors or memory, accepting waits this long before it tries again (the
 # connections stay queued meanwhile), as asyncio's own servers do.
 _ACCEPT_RETRY_S = 1.0
 _OUT_OF_RESOURCES = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
-
-
-class AcceptingSite(web.BaseSite):
-    """A TCP site of an aiohttp runner whose listener accepts all waiting connections."""
-
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, *, backlog: int) -> None:
-        super().__init__(runner, backlog=backlog)
-        self._host = host
-        self._port = port
-
-    @property
-    def name(self) -> str:
-        return str(URL.build(scheme="http", host=self._host or "0.0.0.0", port=self._port))
-
-    async def start(self) -> None:
-        await super().start()
-        server = self._runner.server
-        assert server is not None
-        loop = asyncio.get_running_loop()
-        sockets = await _bound_sockets(loop, self._host, self._port, self._backlog)
-        self._port = sockets[0].getsockname()[1]  # the one bound, when 0 asked for any
-        # aiohttp's runner and site read only ``sockets`` and call only ``close``.
-        self._server = Listener(loop, server, sockets, self._backlog)  # type: ignore[assignment]
 
 
 class Listener:
@@ -126,7 +100,7 @@ class Listener:
             self._loop.add_reader(listening.fileno(), self._accept, listening)
 
 
-async def _bound_sockets(
+async def bound_sockets(
     loop: asyncio.AbstractEventLoop, host: str, port: int, backlog: int
 ) -> list[socket.socket]:
     """A listening socket on each address ``host`` names, bound as asyncio binds them:

@@ -9,6 +9,7 @@ import os
 import resource
 import signal
 import socket
+from collections.abc import Awaitable
 from typing import Any
 
 import structlog
@@ -17,16 +18,16 @@ from aiohttp import web
 from sidecar import __version__
 from sidecar.config.served import ServedSettings
 from sidecar.outcomes import out_of_descriptors
+from sidecar.serve.agentserver import AgentServer
 from sidecar.serve.app import (
     HOOKS,
     LIFECYCLE,
     PROXY,
     create_admin_app,
     create_app,
-    proxy_runner_for,
+    proxy_server,
     running,
 )
-from sidecar.serve.listener import AcceptingSite
 from sidecar.telemetry import Hooks
 
 # Connections the kernel may queue before the sidecar accepts them. An agent fleet that
@@ -45,11 +46,13 @@ class StartupError(Exception):
     """The sidecar could not start serving, stated in one line that is safe to print."""
 
 
-async def _listen(site: web.BaseSite, host: str, port: int, role: str, host_variable: str) -> None:
-    """Start ``site``, listening on ``host``:``port`` for ``role``, or say in one line why
-    that is impossible."""
+async def _listen(
+    listening: Awaitable[None], host: str, port: int, role: str, host_variable: str
+) -> None:
+    """Await ``listening`` on ``host``:``port`` for ``role``, or say in one line why that is
+    impossible."""
     try:
-        await site.start()
+        await listening
     except socket.gaierror as exc:
         raise StartupError(
             f"cannot listen on {host} ({host_variable}): not an address of this machine "
@@ -80,33 +83,31 @@ async def serve(settings: ServedSettings) -> None:
     _report_descriptor_exhaustion(loop, app[HOOKS])
     fd_watch = asyncio.create_task(_watch_descriptors(app[HOOKS]))
     async with running(app):
-        proxy_runner = proxy_runner_for(app, settings, shutdown_timeout=_CUT_GRACE_S)
+        agents = proxy_server(app, settings)
         admin_runner = web.AppRunner(create_admin_app(app), access_log=None)
-        await proxy_runner.setup()
         await admin_runner.setup()
         try:
-            await _listen_on_both(settings, proxy_runner, admin_runner)
+            await _listen_on_both(settings, agents, admin_runner)
             _settle_heap()
             lifecycle.ready = True
             log.info(
                 "sidecar_started",
                 version=__version__,
-                proxy_port=proxy_runner.addresses[0][1],
+                proxy_port=agents.port,
                 admin_port=admin_runner.addresses[0][1],
                 routes=[route.name for route in settings.route_configs],
             )
             await stop.wait()
             lifecycle.draining = True
             log.info("shutdown_started", drain_timeout_ms=settings.drain_timeout_ms)
-            for site in list(proxy_runner.sites):
-                await site.stop()
+            agents.stop_listening()
             await app[PROXY].drain(settings.drain_timeout_ms / 1000)
         finally:
             fd_watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await fd_watch
             # The admin app outlives the drain, so /readyz answers 503 while requests finish.
-            await proxy_runner.cleanup()
+            await agents.close(_CUT_GRACE_S)
             await admin_runner.cleanup()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
@@ -114,18 +115,18 @@ async def serve(settings: ServedSettings) -> None:
 
 
 async def _listen_on_both(
-    settings: ServedSettings, proxy_runner: web.BaseRunner, admin_runner: web.BaseRunner
+    settings: ServedSettings, agents: AgentServer, admin_runner: web.BaseRunner
 ) -> None:
     """The admin port first, so that a probe finds it as soon as the proxy accepts."""
     await _listen(
-        web.TCPSite(admin_runner, settings.admin_host, settings.admin_port),
+        web.TCPSite(admin_runner, settings.admin_host, settings.admin_port).start(),
         settings.admin_host,
         settings.admin_port,
         "admin port (SIDECAR_ADMIN_PORT)",
         "SIDECAR_ADMIN_HOST",
     )
     await _listen(
-        AcceptingSite(proxy_runner, settings.host, settings.port, backlog=ACCEPT_BACKLOG),
+        agents.start(settings.host, settings.port, backlog=ACCEPT_BACKLOG),
         settings.host,
         settings.port,
         "proxy port (SIDECAR_PORT)",
