@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from sidecar.serve.agentwire import AgentReply, AgentRequest
-from sidecar.serve.answers import Refusal
 from sidecar.serve.httpserver import AgentConnection, upgrade_body_head
-from sidecar.serve.proxy import _check_head
 from sidecar.wire.buffers import BufferBudget
 from sidecar.wire.headers import end_to_end_headers
 
@@ -63,6 +61,7 @@ class Server:
 
     seen: list[Seen] = field(default_factory=list)
     client_timeout_s: float = 60.0
+    max_header_bytes: int = 2**16
     max_line_size: int = 8190
     max_field_size: int = 8190
     lingering_s: float = 1.0
@@ -71,10 +70,6 @@ class Server:
     agents: set[object] = field(default_factory=set)
 
     async def handler(self, request: AgentRequest) -> AgentReply:
-        try:
-            _check_head(request, 2**16)  # the proxy's first look at a head
-        except Refusal as refused:
-            return AgentReply(refused.error.status, body=refused.message.encode())
         body = bytearray()
         while chunk := await request.content.readany():
             body += chunk
@@ -87,7 +82,7 @@ async def serve(data: bytes, *, split: int | None = None) -> tuple[Server, bytes
     """``data`` as the agent sends it (in two reads when ``split``); what the handler saw and
     what went back, once the connection closed."""
     server = Server()
-    connection = AgentConnection(server)  # type: ignore[arg-type]  # the attributes it reads
+    connection = AgentConnection(server)
     stream = Stream()
     connection.connection_made(stream)  # type: ignore[arg-type]
     for piece in (data,) if split is None else (data[:split], data[split:]):
@@ -209,5 +204,27 @@ HOSTS = [
 async def test_a_request_without_exactly_one_host_is_refused_before_any_tool(head, status, said):
     server, written = await serve(head.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
     assert written.split(b" ", 2)[1] == status
-    assert written.endswith(said.encode())
+    assert said.encode() in written.partition(b"\r\n\r\n")[2]
     assert len(server.seen) == (status == b"200")
+
+
+async def test_a_head_refused_is_not_first_told_to_send_its_body():
+    """The head is checked before an agent expecting ``100-continue`` is told to go on: a
+    body that will be refused is never asked for."""
+    head = (
+        b"POST /x HTTP/1.1\r\nHost: a\r\nHost: b\r\n"
+        b"Expect: 100-continue\r\nContent-Length: 3\r\n\r\n"
+    )
+    server, written = await serve(head)
+    assert written.startswith(b"HTTP/1.1 400 ")
+    assert b"100 Continue" not in written
+    assert server.seen == []
+
+
+async def test_an_agent_expecting_100_continue_is_told_before_its_handler_reads():
+    head = b"POST /x HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n"
+    server, written = await serve(
+        head + b"abcGET /last HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+    )
+    assert written.startswith(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 ")
+    assert [seen.body for seen in server.seen] == [b"abc", b""]

@@ -56,8 +56,7 @@ async def _serving(port: int = 0) -> AsyncIterator[tuple[AgentServer, int]]:
     server = AgentServer(
         _answer,
         client_timeout_s=60.0,
-        max_line_size=8190,
-        max_field_size=8190,
+        max_header_bytes=8190,
         lingering_s=1.0,
         logger=logging.getLogger("test"),
         buffers=BufferBudget(2**24),

@@ -27,16 +27,19 @@ class AgentServer:
         handler: Handler,
         *,
         client_timeout_s: float,
-        max_line_size: int,
-        max_field_size: int,
+        max_header_bytes: int,
         lingering_s: float,
         logger: logging.Logger,
         buffers: BufferBudget,
     ) -> None:
         self.handler = handler
         self.client_timeout_s = client_timeout_s
-        self.max_line_size = max_line_size
-        self.max_field_size = max_field_size
+        # The request line and each header line may be as long as the whole section's
+        # limit; a header line's is one byte more, so that a line over it tells which limit
+        # was passed (414 or 431), and the section's total catches that byte.
+        self.max_header_bytes = max_header_bytes
+        self.max_line_size = max_header_bytes
+        self.max_field_size = max_header_bytes + 1
         self.lingering_s = lingering_s
         self.logger = logger
         self.buffers = buffers

@@ -131,7 +131,6 @@ def _proxy(
         max_request_bytes=settings.max_request_bytes,
         max_in_flight=settings.max_in_flight,
         client_timeout_s=settings.client_timeout_ms / 1000,
-        max_header_bytes=settings.max_header_bytes,
         buffers=buffers,
     )
 
@@ -237,8 +236,7 @@ def proxy_server(app: web.Application, settings: ServedSettings) -> AgentServer:
     return AgentServer(
         app[PROXY].handle,
         client_timeout_s=settings.client_timeout_ms / 1000,
-        max_line_size=settings.max_header_bytes,
-        max_field_size=settings.max_header_bytes + 1,
+        max_header_bytes=settings.max_header_bytes,
         lingering_s=LINGERING_S,
         logger=http_server_logger(),
         buffers=app[BUFFERS],

@@ -34,7 +34,9 @@ from sidecar.serve.agentwire import (
     BodyMalformed,
     answer_head,
 )
+from sidecar.serve.routing import target_fault
 from sidecar.wire.buffers import BufferBudget
+from sidecar.wire.headers import undeliverable_header
 
 # Pipelined requests parsed ahead of the one being answered before reading pauses.
 _PIPELINE_LIMIT = 16
@@ -49,6 +51,7 @@ class Serving(Protocol):
     """What a connection reads of the server that accepted it (``AgentServer``)."""
 
     client_timeout_s: float  # for a head, on a new connection and between requests
+    max_header_bytes: int  # the whole header section's
     max_line_size: int
     max_field_size: int
     lingering_s: float  # for the rest of a body the answer did not need
@@ -313,6 +316,9 @@ class AgentConnection(AnswerWriter):
 
     async def _answer(self, request: AgentRequest) -> AgentReply:
         try:
+            refused = await _taken_on(request, self._server.max_header_bytes)
+            if refused is not None:
+                return refused
             return await self._server.handler(request)
         except asyncio.CancelledError:
             raise
@@ -406,3 +412,59 @@ def _refused(refusal: answers.Refusal) -> AgentReply:
     reply = refusal.response(answers.refusal_report(refusal.error))
     reply.force_close()
     return reply
+
+
+async def _taken_on(request: AgentRequest, max_header_bytes: int) -> AgentReply | None:
+    """The refusal of a head that cannot go to any tool as it is; else ``None``, an agent
+    that expects ``100-continue`` told to send its body."""
+    try:
+        check_head(request, max_header_bytes)
+        if request.headers.get("Expect"):
+            await _continue(request)
+    except answers.Refusal as refusal:
+        # What else the agent sent on this connection cannot be trusted to be framed as
+        # it thinks.
+        refused = refusal.response(answers.own_report(refusal.error))
+        refused.force_close()
+        return refused
+    return None
+
+
+def check_head(request: AgentRequest, max_header_bytes: int) -> None:
+    """Refuse a request that cannot go to any tool as it is.
+
+    A target the tool could resolve out of its route (``routing.target_fault``), an
+    HTTP/1.1 request without ``Host`` (RFC 9112 §3.2); header bytes that are not UTF-8 could not
+    be passed on as they came; a header section over the limit is refused as a whole,
+    where aiohttp's own limits hold each line.
+    """
+    refused = target_fault(request.raw_path)
+    if refused is not None:
+        raise answers.Refusal(answers.BAD_REQUEST, refused)
+    hosts = request.headers.getall("Host", ())
+    if request.version == HttpVersion11 and not hosts:
+        raise answers.Refusal(answers.BAD_REQUEST, "an HTTP/1.1 request without Host")
+    if len(hosts) > 1:
+        # RFC 9112 §3.2: which one the tool would read is not the sidecar's to guess.
+        raise answers.Refusal(answers.BAD_REQUEST, "a request with more than one Host")
+    bad_header = undeliverable_header(request.headers)
+    if bad_header is not None:
+        raise answers.Refusal(answers.BAD_REQUEST, f"header {bad_header} is not valid UTF-8")
+    if sum(len(name) + len(value) + 4 for name, value in request.raw_headers) > max_header_bytes:
+        raise answers.Refusal(
+            answers.HEADERS_TOO_LARGE,
+            "the request's header section is larger than the sidecar accepts",
+            {"limit_bytes": max_header_bytes},
+        )
+
+
+async def _continue(request: AgentRequest) -> None:
+    """What aiohttp's application router does for ``Expect`` before its handler runs: an
+    HTTP/1.1 agent expecting ``100-continue`` is told to send its body; any other
+    expectation cannot be met (417)."""
+    expect = request.headers["Expect"]
+    if request.version != HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise answers.Refusal(answers.EXPECTATION_FAILED, f"unknown expectation: {expect}")
+    await request.send_continue()

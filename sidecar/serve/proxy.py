@@ -6,7 +6,6 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-import aiohttp
 import structlog
 from structlog.contextvars import bind_contextvars, reset_contextvars
 
@@ -24,14 +23,14 @@ from sidecar.serve import answers
 from sidecar.serve.agentwire import AgentReply, AgentRequest
 from sidecar.serve.intake import BodyIntake, StreamedBody, client_too_slow
 from sidecar.serve.relay import StreamTerms, relay
-from sidecar.serve.routing import RouteTable, Target, target_fault
+from sidecar.serve.routing import RouteTable, Target
 from sidecar.telemetry import Hooks
 from sidecar.telemetry.contract import UNMATCHED_ROUTE
 from sidecar.tool.eventstream import is_event_stream
 from sidecar.transport.connection import RequestBody
 from sidecar.transport.exchange import Answer, UpstreamRequest
 from sidecar.wire.buffers import BufferBudget, Ledger
-from sidecar.wire.headers import undeliverable_header, upstream_request_headers
+from sidecar.wire.headers import upstream_request_headers
 
 _log = structlog.get_logger("sidecar")
 
@@ -85,7 +84,6 @@ class Proxy:
         max_request_bytes: int,
         max_in_flight: int,
         client_timeout_s: float,
-        max_header_bytes: int,
         buffers: BufferBudget,
     ) -> None:
         self._routes = routes
@@ -93,7 +91,6 @@ class Proxy:
         self._hooks = hooks
         self._intake = BodyIntake(max_request_bytes, client_timeout_s)
         self._max_in_flight = max_in_flight
-        self._max_header_bytes = max_header_bytes
         self._buffers = buffers
         self._running: set[asyncio.Task[object]] = set()
         self._sending = 0  # requests past their body, counted against ``max_in_flight``
@@ -106,16 +103,7 @@ class Proxy:
         self._streams_end = asyncio.Event()
 
     async def handle(self, request: AgentRequest) -> AgentReply:
-        try:
-            if request.headers.get("Expect"):
-                await _continue(request)
-            _check_head(request, self._max_header_bytes)
-        except answers.Refusal as refusal:
-            # What else the agent sent on this connection cannot be trusted to be framed
-            # as it thinks.
-            refused = refusal.response(answers.own_report(refusal.error))
-            refused.force_close()
-            return refused
+        """Answer ``request``, whose head the agent's server checked (``httpserver``)."""
         request_id = request.headers.get("X-Request-ID") or ids.request_id()
         target = self._routes.match(request.raw_path)
         call = _Call(request.method, target.route.name if target else UNMATCHED_ROUTE)
@@ -365,46 +353,6 @@ class Proxy:
             refused.force_close()
         call.status = refused.status
         return refused
-
-
-def _check_head(request: AgentRequest, max_header_bytes: int) -> None:
-    """Refuse a request that cannot go to any tool as it is.
-
-    A target the tool could resolve out of its route (``routing.target_fault``), an
-    HTTP/1.1 request without ``Host`` (RFC 9112 §3.2); header bytes that are not UTF-8 could not
-    be passed on as they came; a header section over the limit is refused as a whole,
-    where aiohttp's own limits hold each line.
-    """
-    refused = target_fault(request.raw_path)
-    if refused is not None:
-        raise answers.Refusal(answers.BAD_REQUEST, refused)
-    hosts = request.headers.getall("Host", ())
-    if request.version == aiohttp.HttpVersion11 and not hosts:
-        raise answers.Refusal(answers.BAD_REQUEST, "an HTTP/1.1 request without Host")
-    if len(hosts) > 1:
-        # RFC 9112 §3.2: which one the tool would read is not the sidecar's to guess.
-        raise answers.Refusal(answers.BAD_REQUEST, "a request with more than one Host")
-    bad_header = undeliverable_header(request.headers)
-    if bad_header is not None:
-        raise answers.Refusal(answers.BAD_REQUEST, f"header {bad_header} is not valid UTF-8")
-    if sum(len(name) + len(value) + 4 for name, value in request.raw_headers) > max_header_bytes:
-        raise answers.Refusal(
-            answers.HEADERS_TOO_LARGE,
-            "the request's header section is larger than the sidecar accepts",
-            {"limit_bytes": max_header_bytes},
-        )
-
-
-async def _continue(request: AgentRequest) -> None:
-    """What aiohttp's application router does for ``Expect`` before its handler runs: an
-    HTTP/1.1 agent expecting ``100-continue`` is told to send its body; any other
-    expectation cannot be met (417)."""
-    expect = request.headers["Expect"]
-    if request.version != aiohttp.HttpVersion11:
-        return
-    if expect.lower() != "100-continue":
-        raise answers.Refusal(answers.EXPECTATION_FAILED, f"unknown expectation: {expect}")
-    await request.send_continue()
 
 
 def _report(result: Result[Answer]) -> dict[str, str]:
