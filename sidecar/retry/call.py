@@ -137,13 +137,3 @@ def carrying(request: UpstreamRequest, payload: Payload | None, key_header: str)
     if payload is None:
         return replace(request, headers=headers) if key_header else request
     return replace(request, headers=headers, body=payload.body)
-
-
-def traced(request: UpstreamRequest, headers: dict[str, str] | None) -> UpstreamRequest:
-    """``request`` carrying ``headers`` too (an attempt's trace context), or as it is."""
-    if not headers:
-        return request
-    merged = request.headers.copy()
-    for name, value in headers.items():
-        merged[name] = value
-    return request.with_headers(merged)

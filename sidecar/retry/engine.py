@@ -20,7 +20,7 @@ from sidecar.config import RouteConfig
 from sidecar.repair.payload import Payload
 from sidecar.repair.pipeline import RepairJob, Repairs
 from sidecar.retry import steps
-from sidecar.retry.call import carrying, describe, terms_of, traced
+from sidecar.retry.call import carrying, describe, terms_of
 from sidecar.retry.cancel import unless_stopped
 from sidecar.retry.controls import RequestControls
 from sidecar.retry.guards.fleet import StateStore
@@ -148,11 +148,15 @@ class _Run:
         """The machine's commands, carried out, each after the reports before it, until it
         settles or ends the request."""
         machine = self.machine
+        outbox = machine.outbox
         command = machine.start()
         self.hooks.circuit_state(self.route, self.tool_guards.circuit.state, self.tool)
         while True:
-            for report in machine.take_reports():
-                await _REPORTERS[type(report)](self, report)
+            if outbox:
+                reports = outbox.copy()
+                outbox.clear()
+                for report in reports:
+                    await _REPORTERS[type(report)](self, report)
             if isinstance(command, _ENDS):
                 return command
             command = await _HANDLERS[type(command)](self, command)
@@ -174,7 +178,14 @@ class _Run:
 
     def _request_of(self, copy: steps.Send) -> UpstreamRequest:
         """The request ``copy`` sends: with its trace context, when it is traced."""
-        return traced(self.request, self.hooks.attempt_started(copy.number, hedge=copy.hedge))
+        request = self.request
+        trace = self.hooks.attempt_started(copy.number, hedge=copy.hedge)
+        if not trace:
+            return request
+        headers = request.headers.copy()
+        for name, value in trace.items():
+            headers[name] = value
+        return request.with_headers(headers)
 
     async def _answered(self, copy: steps.Send, sent: Sent) -> Command:
         """Read what a decision needs of the answer that came first, for the machine."""
@@ -243,8 +254,9 @@ class _Run:
     # Reports.
 
     async def attempt_judged(self, judged: steps.AttemptJudged) -> None:
-        attempt = judged.attempt
-        number, failure = attempt.copy.number, attempt.failure
+        attempt, reply = judged.attempt, judged.attempt.reply
+        failure = reply.failure if reply is not None else None
+        number = attempt.copy.number
         self.hooks.attempt_finished(self.route, number, attempt.label, judged.elapsed_s, failure)
 
     async def use_payload(self, use: steps.UsePayload) -> None:

@@ -96,7 +96,6 @@ class RetryMachine(Generic[A]):
         "_circuit",
         "_clock",
         "_llm_repairs_left",
-        "_outbox",
         "_payload",
         "_phase",
         "_previous_wait",
@@ -110,6 +109,7 @@ class RetryMachine(Generic[A]):
         "_trail",
         "_unjudged",
         "_wall",
+        "outbox",
         "terms",
     )
 
@@ -127,7 +127,9 @@ class RetryMachine(Generic[A]):
         self._circuit, self._budget, self._clock, self._wall = circuit, budget, clock, wall
         self._tools = tools  # taught by a ``tools/list`` answer, when the call is one
         self._phase = Phase.NEW
-        self._outbox: list[Report] = []
+        # What the machine tells with no answer owed, oldest first: the engine drains it
+        # before it carries out the command that followed.
+        self.outbox: list[Report] = []
         self._ticket: Ticket | None = None
         self._payload: Payload | None = None  # None: the body streams through and goes once
         self._sent: list[Payload] = []
@@ -161,14 +163,6 @@ class RetryMachine(Generic[A]):
         """Every attempt judged so far, in order."""
         return tuple(self._records)
 
-    def take_reports(self) -> list[Report]:
-        """The reports left since the last call, oldest first, for the engine to carry out
-        before the command that followed them."""
-        reports = self._outbox
-        if reports:
-            self._outbox = []
-        return reports
-
     # Events.
 
     def start(self) -> Command[A]:
@@ -178,7 +172,7 @@ class RetryMachine(Generic[A]):
         admitted = self._circuit.admit()
         if not isinstance(admitted, Ticket):
             self._trail.append("circuit_open")
-            self._outbox.append(CIRCUIT_REFUSED)
+            self.outbox.append(CIRCUIT_REFUSED)
             return self._give(self._refused(admitted))
         self._ticket = admitted
         return self._give(READ_COOLDOWN if self.terms.shares_cooldowns else PREPARE)
@@ -218,7 +212,7 @@ class RetryMachine(Generic[A]):
         self._expect(MachineEvent.ANSWERED)
         attempt, answer = judge(copy, result, self.terms, self._tools, self._wall)
         self._records.append(attempt)
-        outbox = self._outbox
+        outbox = self.outbox
         outbox.append(AttemptJudged(attempt, self._clock() - copy.started))
         if answer is not None:
             if self._answer is not None:
@@ -341,7 +335,7 @@ class RetryMachine(Generic[A]):
             label = last.trail_label
             self._trail.append(f"{label} {decision.note}" if decision.note else label)
             if decision.outcome is Outcome.BUDGET:
-                self._outbox.append(BUDGET_EXHAUSTED)
+                self.outbox.append(BUDGET_EXHAUSTED)
             return self._settle(self._ended(decision.outcome, last), last)
         self._budget.spend()
         self._retries += 1
@@ -351,7 +345,7 @@ class RetryMachine(Generic[A]):
             self._unjudged = decision.layer
             self._payload = payload
             self._sent.append(payload)
-            self._outbox.append(UsePayload(payload, decision.layer, self._attempts, last.label))
+            self.outbox.append(UsePayload(payload, decision.layer, self._attempts, last.label))
             return self._gate()
         assert isinstance(decision, Retry)
         return self._wait(decision.wait, last)
