@@ -38,13 +38,15 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 
 import aiohttp
+import orjson
+from aiohttp import web
 
 # Run as `python bench/agents.py`, this file's folder leads sys.path, and this file would
 # stand in for the Agents SDK's `agents` package: the repository root takes its place.
@@ -221,10 +223,11 @@ class Cell:
 class Run:
     """The processes of one cell, each started here and stopped by its PID."""
 
-    def __init__(self, workdir: Path, sidecar_src: Path | None) -> None:
+    def __init__(self, workdir: Path, sidecar_src: Path | None, record: bool = False) -> None:
         self.bench = Bench(workdir)
         self.workdir = workdir
         self.sidecar_src = sidecar_src
+        self.record = record  # a recording relay in front of the lane (agent-requests.jsonl)
         self.sidecar_admin: int | None = None  # the sidecar's admin port, once started
 
     def everything(self) -> int:
@@ -275,7 +278,12 @@ class Run:
             if not name.startswith(("SIDECAR_", "OPENAI_", "GOMIND_AGENT_"))
         }
         self.bench.start(
-            "sidecar", None, *command, env={**environment, **SIDECAR_ON_LOOPBACK}, inherit_env=False
+            "sidecar",
+            None,
+            *command,
+            env={**environment, **SIDECAR_ON_LOOPBACK},
+            inherit_env=False,
+            keep_stdout=True,  # its log lines, in sidecar.out
         )
         wait_for_port(port, timeout_s=60)
         self.sidecar_admin = admin
@@ -299,7 +307,51 @@ async def cell_path(run: Run, cell: Cell, seed: int) -> AsyncIterator[tuple[str,
             next_hop, _ = run.envoy("lane-envoy", next_hop, STANDARD_RETRIES)
         elif cell.lane == "sidecar":
             next_hop = run.sidecar(next_hop)
+        if run.record:
+            log = run.workdir / "agent-requests.jsonl"
+            recorder = Tap(
+                f"http://127.0.0.1:{next_hop}", on_answer=recording(log), request_ids=True
+            )
+            recorded = await stack.enter_async_context(tap_serving(recorder))
+            next_hop = int(recorded.rsplit(":", 1)[1])
         yield f"http://127.0.0.1:{next_hop}/mcp", fault_admin
+
+
+def recording(log: Path) -> Callable[[web.Request, bytes, aiohttp.ClientResponse], None]:
+    """What the agent sent and what its answer's head said, one JSON line a request, for a
+    relay in front of the lane (``--record``): its JSON-RPC method and id, task, session,
+    ``Last-Event-ID``, the answer's status and the sidecar's ``X-Sidecar-*`` headers. Each
+    request gets an ``X-Request-ID`` (the sidecar logs it, and passes it on) unless it had one."""
+
+    def record(request: web.Request, body: bytes, answer: aiohttp.ClientResponse) -> None:
+        try:
+            message = orjson.loads(body) if body else None
+        except orjson.JSONDecodeError:
+            message = None
+        rpc = message if isinstance(message, dict) else {}
+        params = rpc.get("params")
+        line = {
+            "time": time.strftime("%H:%M:%S", time.gmtime()) + f"{time.time() % 1:.3f}"[1:],
+            "method": request.method,
+            "rpc": rpc.get("method"),
+            "id": rpc.get("id"),
+            "tool": params.get("name") if isinstance(params, dict) else None,
+            "task": request.headers.get("x-bench-task"),
+            "session": request.headers.get("mcp-session-id", "")[:8],
+            "last_event_id": request.headers.get("last-event-id"),
+            "request_id": answer.request_info.headers.get("x-request-id"),
+            "status": answer.status,
+            "content_type": answer.content_type,
+            **{
+                name.lower(): value
+                for name, value in answer.headers.items()
+                if name.lower().startswith("x-sidecar-") or name.lower() == "x-should-retry"
+            },
+        }
+        with open(log, "ab") as lines:
+            lines.write(orjson.dumps(line) + b"\n")
+
+    return record
 
 
 async def measure(cell: Cell, chosen: list[Task], seed: int, run: Run) -> None:
@@ -504,7 +556,7 @@ async def main_async(args: argparse.Namespace) -> None:
                         # Each cell's processes write their stderr in a folder of its own.
                         folder = workdir / f"{len(measured):02d}-{profile.name}-{client}-{lane}"
                         folder.mkdir()
-                        run = Run(folder, args.sidecar_src)
+                        run = Run(folder, args.sidecar_src, args.record)
                         await measure(cell, chosen_tasks, args.seed, run)
                         measured.append(cell)
                         report(row(cell))
@@ -527,7 +579,10 @@ async def main_async(args: argparse.Namespace) -> None:
         for cell in sidecar_cells:
             report(sidecar_row(cell))
         report()
-    report(f"Each cell's processes' stderr: {workdir}/NN-profile-client-lane/.")
+    report(
+        f"Each cell's processes' stderr, and the sidecar's log lines (sidecar.out): "
+        f"{workdir}/NN-profile-client-lane/."
+    )
     report.finish(started, args.out)
 
 
@@ -541,6 +596,12 @@ def main() -> None:
     parser.add_argument("--sidecar-src", type=Path, help="run the sidecar from this tree")
     parser.add_argument("--bound-s", type=float, default=3600, help="end the run after this")
     parser.add_argument("--out", help="also write the report to this file")
+    parser.add_argument(
+        "--record",
+        action="store_true",
+        help="a relay in front of each lane writes what the agent sent and got "
+        "(agent-requests.jsonl in the cell's folder)",
+    )
     # The SDKs log every request and every failed tool call; the table says what matters.
     logging.disable(logging.CRITICAL)
     asyncio.run(main_async(parser.parse_args()))

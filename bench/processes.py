@@ -45,14 +45,23 @@ class Bench:
         *command: str,
         env: dict[str, str] | None = None,
         inherit_env: bool = True,
+        keep_stdout: bool = False,
     ) -> Running:
         """Start ``command``, pinned to ``core`` with taskset unless that is ``None``; its
-        stderr goes to ``<workdir>/<name>.err``. ``inherit_env=False``: ``env`` is all it gets."""
+        stderr goes to ``<workdir>/<name>.err``, and with ``keep_stdout`` its stdout to
+        ``<workdir>/<name>.out`` (the sidecar's log lines), else nowhere.
+        ``inherit_env=False``: ``env`` is all it gets."""
         pinned = ["taskset", "-c", core] if core is not None else []
-        with open(self.workdir / f"{name}.err", "wb") as errors:
+        with contextlib.ExitStack() as files:
+            errors = files.enter_context(open(self.workdir / f"{name}.err", "wb"))
+            output = (
+                files.enter_context(open(self.workdir / f"{name}.out", "wb"))
+                if keep_stdout
+                else subprocess.DEVNULL
+            )
             process = subprocess.Popen(
                 [*pinned, *command],
-                stdout=subprocess.DEVNULL,
+                stdout=output,
                 stderr=errors,
                 env={**(os.environ if inherit_env else {}), **(env or {})},
             )

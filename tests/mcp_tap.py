@@ -128,6 +128,9 @@ class Tally:
 
 # Whether to play the fault on one POST: its session and its JSON-RPC message.
 Decide = Callable[[str, object], bool]
+# Told of each answer the tap relays as it comes, once its head arrived: the request, its
+# body and the answer (whose body is still to come).
+OnAnswer = Callable[[web.Request, bytes, aiohttp.ClientResponse], None]
 
 
 def seeded(ratio: float, seed: int) -> Decide:
@@ -160,6 +163,8 @@ class Tap:
     fault: str | None = None  # one of FAULTS, or None
     decide: Decide = field(default=lambda session, message: False)
     tally: Tally = field(default_factory=Tally)
+    on_answer: OnAnswer | None = None
+    request_ids: bool = False  # give each request relayed an X-Request-ID unless it has one
     _client: aiohttp.ClientSession | None = None
     _sessions: set[str] = field(default_factory=set)  # every session named so far
     _forgotten: set[str] = field(default_factory=set)  # those a "restart" forgot
@@ -240,6 +245,8 @@ class Tap:
             for name, value in request.headers.items()
             if name.lower() not in _NOT_RELAYED
         }
+        if self.request_ids and "x-request-id" not in request.headers:
+            headers["X-Request-ID"] = uuid.uuid4().hex
         async with self._client.request(
             request.method, self.upstream + request.path_qs, data=body or None, headers=headers
         ) as answer:
@@ -274,6 +281,8 @@ class Tap:
 
     async def _relay(self, request: web.Request, body: bytes) -> web.StreamResponse:
         async with self._forward(request, body) as answer:
+            if self.on_answer is not None:
+                self.on_answer(request, body, answer)
             relayed = web.StreamResponse(status=answer.status, reason=answer.reason)
             for name, value in answer.headers.items():
                 if name.lower() not in _NOT_RELAYED:
