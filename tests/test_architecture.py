@@ -10,6 +10,7 @@ circle in 0.5. Each failure names every offender, so one run shows all that is l
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -60,6 +61,41 @@ LAYERS = (
     ("inject", "demo"),
     ("cli", "__main__"),
 )
+
+
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
+
+
+# Where the layer map's right column, what each floor does, begins.
+MAP_DESCRIPTION_COLUMN = 52
+
+
+def layer_map() -> dict[str, set[str]]:
+    """The module names on each floor of docs/architecture.md's layer map (its left
+    column), by the folder that begins the floor's line; ``ground`` for the modules
+    directly in the package, with the command line's."""
+    block = ARCHITECTURE.read_text().split("## The layers", 1)[1].split("```", 2)[1]
+    names: dict[str, set[str]] = {"ground": set()}
+    folder = "ground"
+    for line in block.splitlines():
+        listed = line[:MAP_DESCRIPTION_COLUMN]
+        if listed.startswith("  ") and not listed.startswith("   "):  # a floor's first line
+            folder = listed.split()[0].rstrip("/")
+        names.setdefault(folder, set()).update(re.findall(r"[\w.]+", listed))
+    return names
+
+
+def test_the_layer_map_names_every_module() -> None:
+    names = layer_map()
+    missing = []
+    for path in modules():
+        if path.name == "__init__.py":
+            continue
+        parts = path.relative_to(PACKAGE).parts
+        folder = parts[0] if len(parts) > 1 else "ground"
+        if path.stem not in names.get(folder, set()) and path.name not in names["ground"]:
+            missing.append(name(path))
+    assert not missing, "docs/architecture.md's layer map leaves out: " + ", ".join(missing)
 
 
 def layer_of(module: str) -> int:
