@@ -1,7 +1,9 @@
 """A counting fault tap in front of an MCP streamable-HTTP server: what the tool received.
 
 Every request is relayed to the server as it came and its answer back as it came (event
-streams chunk by chunk). Each POST that reaches the server is counted by its JSON-RPC method
+streams chunk by chunk); a tap used as a recorder can give each request without an
+``X-Request-ID`` one (``request_ids``), and be told of each relayed answer's head
+(``on_answer``). Each POST that reaches the server is counted by its JSON-RPC method
 and, for ``tools/call``, its tool; a call whose request (same session, same JSON-RPC id) is
 delivered twice was run twice. GETs, DELETEs and the rest are counted by method
 (``Tally.others``); a GET with ``Last-Event-ID`` (a stream resumed) is relayed untouched,
