@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -12,7 +13,17 @@ import uvicorn
 
 class _GuestServer(uvicorn.Server):
     """uvicorn inside a loop it does not own: the host keeps its signal handlers (several
-    servers at once would otherwise restore each other's handlers out of order)."""
+    servers at once would otherwise restore each other's handlers out of order), and
+    learns when it listens."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if self.started:
+            self.listening.set()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -37,15 +48,16 @@ async def uvicorn_serving(app: Any) -> AsyncIterator[str]:
     )
     server = _GuestServer(config)
     serving = asyncio.create_task(server.serve())
+    listening = asyncio.create_task(server.listening.wait())
     try:
         async with asyncio.timeout(10):
-            while not server.started:
-                if serving.done():
-                    serving.result()
-                    raise RuntimeError("uvicorn stopped before it started")
-                await asyncio.sleep(0.01)
+            await asyncio.wait({serving, listening}, return_when=asyncio.FIRST_COMPLETED)
+        if not listening.done():
+            serving.result()
+            raise RuntimeError("uvicorn stopped before it started")
         yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
     finally:
+        listening.cancel()
         server.should_exit = True
         await serving
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import orjson
 import pytest
@@ -283,6 +283,13 @@ def unused_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+async def hang() -> NoReturn:
+    """What a tool (or an agent's body) that never goes on does: wait for what never comes,
+    until it is cancelled. Not a long sleep: nothing in a test should hinge on its length."""
+    await asyncio.Event().wait()
+    raise AssertionError("an event nobody sets was set")
 
 
 async def eventually(

@@ -18,7 +18,7 @@ from mcp.types import ToolAnnotations
 
 from sidecar.retry.cancel import InFlight
 from tests.asgi import uvicorn_serving
-from tests.conftest import Tool, eventually
+from tests.conftest import Tool, eventually, hang
 from tests.wire import Wire, mcp_client, own_error
 
 SESSION = {"Mcp-Session-Id": "session-1"}
@@ -130,8 +130,7 @@ async def test_a_cancellation_abandons_the_attempt_in_flight(make_tool, make_sid
         if "id" not in message:
             return web.Response(status=202)
         at_tool.set()
-        await asyncio.sleep(10)
-        return web.json_response({})
+        await hang()
 
     sidecar = await make_sidecar(await make_tool(slow))
 

@@ -29,6 +29,7 @@ from sidecar.transport.connection import (
     next_state,
 )
 from sidecar.transport.pool import Pool
+from tests.conftest import hang
 
 IDLE, ACTIVE, MUST_CLOSE, CLOSED = ConnectionState  # in the order they are defined
 E = ConnectionEvent
@@ -161,7 +162,7 @@ async def ask(pool: Pool, method: str = "GET", body: RequestBody = b"") -> bytes
 async def held_back() -> AsyncIterator[bytes]:
     """A streamed request body whose end the tool's answer overtakes."""
     yield b"{}"
-    await asyncio.sleep(3600)
+    await hang()
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"

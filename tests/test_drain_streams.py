@@ -12,6 +12,7 @@ from aiohttp import web
 
 from sidecar.serve.app import PROXY
 from sidecar.tool.eventstream import EventScanner, is_event_stream
+from tests.conftest import hang
 from tests.processes import sidecar_process
 
 
@@ -67,8 +68,7 @@ async def test_an_idle_event_stream_ends_cleanly_at_drain_while_a_slow_call_fini
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await stream.prepare(request)
         await stream.write(b"id: 1\ndata: {}\n\n")
-        await asyncio.sleep(60)  # idle, as a session's stream is between server messages
-        return stream
+        await hang()  # idle, as a session's stream is between server messages
 
     async def slow(request: web.Request) -> web.Response:
         call_reached.set()
@@ -153,8 +153,7 @@ async def test_at_drain_a_listen_stream_ends_and_a_call_still_owed_its_answer_fi
         await stream.write(ack if method == "subscriptions/listen" else progress)
         await answer_now.wait()
         await stream.write(b"" if method == "subscriptions/listen" else result)
-        await asyncio.sleep(60)  # neither ends its stream by itself
-        return stream
+        await hang()  # neither ends its stream by itself
 
     sidecar = await make_sidecar(await make_tool(mcp))
     listen = await sidecar.client.post(

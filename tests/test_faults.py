@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.conftest import eventually, scripted, unused_port
+from tests.conftest import eventually, hang, scripted, unused_port
 from tests.rawhttp import raw_tool, read_request_head, reply_then
 
 pytestmark = pytest.mark.fault
@@ -195,7 +195,7 @@ async def test_agent_leaving_during_an_attempt_cancels_the_upstream_call(make_to
     async def slow(request: web.Request) -> web.Response:
         started.set()
         try:
-            await asyncio.sleep(10)
+            await hang()
         except asyncio.CancelledError:
             cancelled.set()
             raise

@@ -288,6 +288,7 @@ class CuttingTap:
     http: aiohttp.ClientSession
     refuse_gets: int = 0
     cut: int = 0
+    has_cut: asyncio.Event = field(default_factory=asyncio.Event)
     resumed_after: list[str] = field(default_factory=list)
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
@@ -313,6 +314,7 @@ class CuttingTap:
                 self.cut += 1
                 await relayed.write(await answer.content.readuntil(b"\r\n\r\n"))
                 request.transport.close()
+                self.has_cut.set()
                 return relayed
             async for chunk in answer.content.iter_any():
                 await relayed.write(chunk)
@@ -326,17 +328,17 @@ async def resumable_server(
 ) -> AsyncIterator[tuple[Any, CuttingTap, list[int]]]:
     """A server with an event store whose ``transfer`` is not safe to run twice, behind a
     tap that cuts its call's stream after the priming event, behind the sidecar."""
-    server, runs = MCPServer("resumable"), [0]
+    server, runs, has_cut = MCPServer("resumable"), [0], asyncio.Event()
 
     @server.tool()
     async def transfer(amount: int) -> str:
         runs[0] += 1
-        await asyncio.sleep(0.05)  # answered after the cut
+        await has_cut.wait()  # answered after the cut
         return f"sent {amount}"
 
     app = server.streamable_http_app(event_store=ReplayingEventStore())
     async with uvicorn_serving(app) as url, aiohttp.ClientSession() as http:
-        cutting = CuttingTap(url, http, **tap)
+        cutting = CuttingTap(url, http, has_cut=has_cut, **tap)
         sidecar = await make_sidecar(await make_tool(cutting))
         yield sidecar, cutting, runs
 

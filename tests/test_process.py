@@ -15,7 +15,7 @@ from aiohttp import web
 
 from sidecar import __version__
 from sidecar.build import COMPILED_MODULES
-from tests.conftest import BUILD_UNDER_TEST, eventually, unused_port
+from tests.conftest import BUILD_UNDER_TEST, eventually, hang, unused_port
 from tests.processes import RunningSidecar, run_cli, sidecar_process
 
 
@@ -111,8 +111,7 @@ async def test_drain_time_running_out_answers_waiting_calls_and_exits_in_time(ai
 
     async def hangs(request: web.Request) -> web.Response:
         reached_tool.set()
-        await asyncio.sleep(30)
-        return web.json_response({})
+        await hang()
 
     app = web.Application()
     app.router.add_post("/hangs", hangs)

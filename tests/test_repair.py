@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from tests.conftest import completion
+from tests.conftest import completion, hang
 
 CORRECT_CITY = "Flower Mound, Texas, US"
 
@@ -466,8 +465,7 @@ async def test_llm_repairs_per_request_are_capped(make_tool, make_sidecar, make_
 
 
 async def _stall() -> web.Response:
-    await asyncio.sleep(5)
-    return completion("{}")
+    await hang()
 
 
 async def _rate_limited() -> web.Response:

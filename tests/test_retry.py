@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 from structlog.testing import capture_logs
 
-from tests.conftest import FakeClock, eventually, scripted, unused_port
+from tests.conftest import FakeClock, eventually, hang, scripted, unused_port
 
 
 def json_answer(status: int, body: object, headers: dict[str, str] | None = None):
@@ -185,7 +185,7 @@ async def test_a_real_answer_beats_a_later_connect_error(make_sidecar):
 async def test_timeouts_are_retried(make_tool, make_sidecar):
     async def slow_then_fast(request: web.Request) -> web.Response:
         if len(tool.seen) == 1:
-            await asyncio.sleep(2)
+            await hang()
         return web.json_response({"success": True})
 
     tool = await make_tool(slow_then_fast)
@@ -421,13 +421,12 @@ async def test_deadline_cuts_a_slow_retry(make_tool, make_sidecar):
     the agent gets the 503 it had."""
     answers = [UNAVAILABLE]
 
-    async def hang(request: web.Request) -> web.Response:
+    async def unavailable_then_stalls(request: web.Request) -> web.Response:
         if answers:
             return answers.pop()()
-        await asyncio.sleep(5)
-        return web.json_response({})
+        await hang()
 
-    sidecar = await make_sidecar(await make_tool(hang), request_timeout_ms=300)
+    sidecar = await make_sidecar(await make_tool(unavailable_then_stalls), request_timeout_ms=300)
 
     response = await sidecar.client.get("/")
 

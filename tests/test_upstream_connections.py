@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import trustme
 from aiohttp import web
 
-from tests.conftest import scripted
+from tests.conftest import hang, scripted
 from tests.rawhttp import raw_tool, read_request_head
 
 
@@ -36,8 +36,7 @@ class KeptAliveTool:
             writer.write(reply)
             await writer.drain()
             if b"connection: close" in reply.lower():
-                await asyncio.sleep(10)
-                return
+                await hang()
 
 
 def _content_length(head: bytes) -> int:

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from tests.conftest import scripted, unused_port
+from tests.conftest import hang, scripted, unused_port
 from tests.rawhttp import raw_exchange, raw_tool, read_request_head, reply_then
 
 
@@ -38,8 +38,7 @@ async def test_unreachable_upstream_gets_503_upstream_unreachable(make_sidecar):
 
 async def test_upstream_slower_than_the_per_try_timeout_gets_504(make_tool, make_sidecar):
     async def slow(request: web.Request) -> web.Response:
-        await asyncio.sleep(5)
-        return web.json_response({})
+        await hang()
 
     sidecar = await make_sidecar(await make_tool(slow), per_try_timeout_ms=100, max_retries=0)
 
@@ -106,11 +105,13 @@ async def test_streamed_answer_cut_by_the_tool_is_cut_for_the_agent_too(make_sid
             b"Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n"
         )
         await writer.drain()
-        await asyncio.sleep(0.1)
+        await head_relayed.wait()  # then the tool goes: its answer ends there, cut
 
+    head_relayed = asyncio.Event()
     async with raw_tool(cut) as url:
         sidecar = await make_sidecar(url)
         response = await sidecar.client.get("/file")
+        head_relayed.set()
         assert response.status == 200
         with pytest.raises(aiohttp.ClientPayloadError):
             await response.read()
