@@ -560,6 +560,38 @@ async def test_a_session_lost_again_while_it_is_opened_again_is_opened_once_more
     )
 
 
+async def test_requests_that_meet_the_404_together_go_on_one_new_session(make_tool, make_sidecar):
+    """Two requests of one agent session meet the restarted server's 404 at once (a client's
+    ``GET`` stream and a call, say): the session is opened again once, and both go on it,
+    rather than the agent's stream and its calls ending up on two sessions."""
+    async with restartable(make_tool) as (servers, tool):
+        sidecar = await make_sidecar(tool)
+        wire = Wire()
+        async with mcp_client(str(sidecar.client.make_url("/mcp")), wire, mode="legacy") as client:
+            await client.call_tool("echo", {"text": "a"})
+            session = wire.exchanges[0].headers["Mcp-Session-Id"]
+            servers.restart()
+            headers = {**MCP_HEADERS, "Mcp-Session-Id": session,
+                       "Mcp-Protocol-Version": "2025-11-25"}  # fmt: skip
+            calls = [
+                {"jsonrpc": "2.0", "id": 10 + n, "method": "tools/call",
+                 "params": {"name": "echo", "arguments": {"text": str(n)}}}
+                for n in range(2)
+            ]  # fmt: skip
+            answers = await asyncio.gather(
+                *(sidecar.client.post("/mcp", json=call, headers=headers) for call in calls)
+            )
+            bodies = [await answer.read() for answer in answers]
+
+    assert [answer.status for answer in answers] == [200, 200]
+    assert all(b"second: " in body for body in bodies)
+    assert servers.received[1].count("initialize") == 1
+    assert (
+        sidecar.metric("sidecar_mcp_sessions_reopened_total", route="default", result="reopened")
+        == 1
+    )
+
+
 async def test_a_session_the_sidecar_never_saw_opened_gets_the_servers_404(make_tool, make_sidecar):
     """A session opened before this sidecar started (no fleet store to ask): nothing to open
     it with, so the agent gets the server's 404 as it came, and a line says so."""

@@ -25,7 +25,7 @@ from mcp.server.streamable_http import EventCallback, EventStore
 from mcp.types import JSONRPCMessage, ToolAnnotations
 
 from tests.asgi import uvicorn_serving
-from tests.conftest import Tool
+from tests.conftest import Tool, hang
 from tests.wire import Wire, mcp_client, orders_failing_once, own_error
 
 # What crosses between the agent and the server through the tap, besides the body.
@@ -333,3 +333,32 @@ async def test_an_answer_past_the_inspect_limit_is_relayed_and_judged_by_its_sta
     assert await answer.read() == b"".join(chunks)
     assert runs["calls"] == 1
     assert answer.headers["X-Sidecar-Outcome"] == "ok"
+
+
+async def test_a_stream_the_sidecar_resumed_ends_with_its_answer(make_tool, make_sidecar):
+    """The call's stream breaks after its priming event; the server replays the answer on
+    the sidecar's ``GET`` and keeps that stream open, as the TypeScript SDK's server does.
+    The agent's stream ends with the answer, as the call's own would have, rather than at
+    the drain."""
+    resumed_after: list[str] = []
+
+    async def resumable(request: web.Request) -> web.StreamResponse:
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        if request.method == "POST":
+            await stream.write(b"id: 1\ndata: \n\n")
+            assert request.transport is not None
+            request.transport.close()  # broken after an event with an id
+            return stream
+        resumed_after.append(request.headers["Last-Event-ID"])
+        await stream.write(b'id: 2\ndata: {"jsonrpc":"2.0","id":"call-9","result":{}}\n\n')
+        await hang()
+
+    sidecar = await make_sidecar(await make_tool(resumable))
+    answer = await sidecar.client.post("/mcp", json=CALL)
+    async with asyncio.timeout(5):
+        body = await answer.read()
+
+    assert body == b'id: 1\ndata: \n\nid: 2\ndata: {"jsonrpc":"2.0","id":"call-9","result":{}}\n\n'
+    assert answer.headers["X-Sidecar-Trail"] == "200 resumed"
+    assert resumed_after == ["1"]

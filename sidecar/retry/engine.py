@@ -243,13 +243,14 @@ class _Run:
         """Open the request's MCP session again; the request names the new one from now on."""
         assert self.session is not None
         per_try_s, pool = self.tuning.per_try_timeout_ms / 1000, self.engine.pool
-        reopened = await self.sessions.reopen(
+        request, opened_here = await self.sessions.reopen(
             pool, self.request, self.session, self.engine.inspect_limit, per_try_s
         )
-        if reopened is not None:
-            self.request = reopened
-        self.hooks.session_reopened(self.route, reopened is not None)
-        return self.machine.reopened(reopened is not None)
+        if request is not None:
+            self.request = request
+        if opened_here:  # once per session opened again, however many requests it carries
+            self.hooks.session_reopened(self.route, request is not None)
+        return self.machine.reopened(request is not None)
 
     # Reports.
 

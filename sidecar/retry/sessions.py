@@ -15,13 +15,21 @@ What is kept per route: each session's ``initialize`` body and the id the server
 it by, for at most ``MAX_SESSIONS`` sessions and ``MAX_AGE_S`` since each was last named;
 with a fleet store, also there (``{prefix}{route}:mcp-session:{digest}``), so that another
 replica can open a session again that this one saw opened.
+
+One agent session is opened again once, however many of its requests met the ``404``
+together (its ``GET`` stream and a ``POST``, say): the others wait for that one and go on
+the session it opened, as does a request sent before it was opened (here or, with a fleet
+store, on another replica). Otherwise the agent's stream and its calls would end up on two
+sessions, the stream hearing nothing of the calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from multidict import CIMultiDict
 
@@ -38,6 +46,15 @@ INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
 _NOT_CARRIED = frozenset(
     {"content-length", "content-type", "content-encoding", "last-event-id", "mcp-session-id"}
 )
+
+
+class Reopened(NamedTuple):
+    """A failed request's session, opened again: the request naming the new session
+    (``None``: it could not be), and whether this request opened it (rather than found it
+    opened by another of the session's requests)."""
+
+    request: UpstreamRequest | None
+    opened_here: bool
 
 
 @dataclass(slots=True)
@@ -63,6 +80,8 @@ class McpSessions:
         self._max_sessions = max_sessions
         self._max_age_s = max_age_s
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
+        # The reopening under way of each agent session, for its other requests to await.
+        self._opening: dict[str, asyncio.Future[str | None]] = {}
 
     def upstream_of(self, session: str) -> str | None:
         """The id the server knows the agent's ``session`` by, when it is another (the
@@ -94,10 +113,30 @@ class McpSessions:
 
     async def reopen(
         self, pool: Pool, failed: UpstreamRequest, session: str, limit: int, timeout_s: float
-    ) -> UpstreamRequest | None:
+    ) -> Reopened:
         """The agent's ``session``, which the server ``failed`` went to forgot, opened again
-        with the ``initialize`` that first opened it; ``failed`` naming the new session, or
-        ``None`` when the sidecar never saw it opened or the server would not open it."""
+        with the ``initialize`` that first opened it; none when the sidecar never saw it
+        opened or the server would not open it."""
+        named = failed.headers.get(SESSION_HEADER)
+        current = await self._current_upstream(session)
+        if current is not None and current != named:
+            return Reopened(with_session(failed, current), False)  # opened since it was sent
+        opening = self._opening.get(session)
+        if opening is not None:
+            upstream = await asyncio.shield(opening)
+            return Reopened(None if upstream is None else with_session(failed, upstream), False)
+        opening = self._opening[session] = asyncio.get_running_loop().create_future()
+        upstream = None
+        try:
+            upstream = await self._open_again(pool, failed, session, limit, timeout_s)
+        finally:
+            opening.set_result(upstream)
+            del self._opening[session]
+        return Reopened(None if upstream is None else with_session(failed, upstream), True)
+
+    async def _open_again(
+        self, pool: Pool, failed: UpstreamRequest, session: str, limit: int, timeout_s: float
+    ) -> str | None:
         initialize = await self.initialize_of(session)
         if initialize is None:
             return None
@@ -107,7 +146,19 @@ class McpSessions:
         self._keep(session, _Session(initialize, upstream, 0.0))
         if self._fleet is not None:
             await self._fleet.keep_mcp_session(session, initialize, upstream, self._max_age_s)
-        return with_session(failed, upstream)
+        return upstream
+
+    async def _current_upstream(self, session: str) -> str | None:
+        """The id the server knows the agent's ``session`` by, as this replica or the fleet
+        last opened it (the fleet's is fresher: another replica may have opened it again)."""
+        if self._fleet is not None:
+            shared = await self._fleet.mcp_session(session)
+            if shared is not None:
+                initialize, upstream = shared
+                self._keep(session, _Session(initialize, upstream, 0.0))
+                return upstream
+        kept = self._named(session)
+        return kept.upstream if kept is not None else None
 
     async def answered(
         self,

@@ -83,9 +83,14 @@ async def relay(
 
 
 async def _relay_events(request: AgentRequest, answer: Answer, terms: StreamTerms) -> bool | None:
-    """The rest of an event stream, until the tool ends it (``None``) or the sidecar does:
+    """The rest of an event stream, until it is over (``None``) or the sidecar ends it:
     ``True`` to end it cleanly (after a whole event, or after a break its agent's client
-    resumes from), ``False`` to cut it (inside an event)."""
+    resumes from), ``False`` to cut it (inside an event).
+
+    A call's stream is over when its server ends it, and one the sidecar resumed when its
+    answer has gone: the ``GET`` it came on is the sidecar's, and a server may keep that
+    open after its replay (the TypeScript SDK's does) where the call's own stream ends
+    with its answer."""
     # A stream no call waits on is only followed: where its events end, and their ids.
     reader = answer.reader or AnswerReader(None, 0)
     if answer.reader is None:
@@ -98,6 +103,8 @@ async def _relay_events(request: AgentRequest, answer: Answer, terms: StreamTerm
     arriving: asyncio.Future[bytes] | None = None
     try:
         while True:
+            if answer.resumed and not waiting and scanner.at_boundary:
+                return None
             arriving = asyncio.ensure_future(anext(chunks, b""))
             if waiting or scanner.at_boundary:
                 # Owed its answer, a call's stream may run out of time; between events,
