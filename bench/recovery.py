@@ -451,6 +451,10 @@ def sidecar_env(llm_url: str | None, real_model: bool) -> dict[str, str]:
         # measure the machine, not the model (as bench/local_model.py sets them).
         env["SIDECAR_LLM_TIMEOUT_MS"] = "120000"
         env["SIDECAR_REQUEST_TIMEOUT_MS"] = "600000"
+        # Since 0.6 the retries, a repair's model call among them, end with their own window
+        # (SIDECAR_RETRY_WINDOW_MS, 4 s), which cut every call of a CPU model; a tree before
+        # 0.6 warns that it is no setting and ignores it.
+        env["SIDECAR_RETRY_WINDOW_MS"] = "600000"
     return env
 
 
