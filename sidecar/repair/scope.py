@@ -47,6 +47,7 @@ from sidecar.repair.llm_focus import FIELD_DETAILS, leaves, mentioned, missing, 
 from sidecar.repair.llm_prompt import LlmRequest
 from sidecar.repair.redact import Redactor
 from sidecar.tool.envelopes import TEXT_SAMPLE_BYTES, ToolFailure
+from sidecar.tool.json_value import parse_json
 from sidecar.tool.validation import body_fields, field_key
 
 Path = tuple[str, ...]  # object keys only: an array's index is not part of a field's name
@@ -70,12 +71,13 @@ class Scope:
     shown: dict[str, Any]
     named: frozenset[Path]
     schema: dict[str, Any] | None
+    redactor: Redactor  # a name the tool gave is the tool's words: redacted when told back
 
     @classmethod
     def of(cls, request: LlmRequest, redactor: Redactor) -> Scope:
         shown = redactor.redact(request.payload)
         named = named_fields(request.failure, request.body_text, shown, request.schema, redactor)
-        return cls(shown, named, request.schema)
+        return cls(shown, named, request.schema, redactor)
 
     def outside(self, written: dict[str, Any] | None) -> tuple[str, ...]:
         """The fields the model's ``corrected_payload`` touched out of scope."""
@@ -86,7 +88,7 @@ class Scope:
     def refusal(self, outside: tuple[str, ...]) -> Refused:
         """What the model is told when its answer touched ``outside``: those fields, and
         what it may change instead."""
-        may = ", ".join(sorted(".".join(path) for path in self.named))
+        may = ", ".join(sorted(self.redactor.redact_text(".".join(path)) for path in self.named))
         allowed = f"change only {may}" if may else "change only values, add or remove none"
         return Refused(
             OUT_OF_SCOPE.kind,
@@ -104,16 +106,49 @@ def named_fields(
 ) -> frozenset[Path]:
     """The fields the tool's answer names, by its structure when it has one, else by its
     words. ``payload`` is the one the model was shown (redacted)."""
-    structured = frozenset(_structured(failure, body_text, payload, schema))
+    # A root reference ("$", "#", "/") names the whole body, which is no field.
+    structured = frozenset(filter(None, _structured(failure, body_text, payload, schema)))
     if structured:
         return structured
-    words = redactor.redact_text(words_of(failure, body_text)[:TEXT_SAMPLE_BYTES])
+    words = redactor.redact_text(_said(failure, body_text)[:TEXT_SAMPLE_BYTES])
     fields = [*leaves(payload), *_schema_fields(schema)]
     sent = {value for _, value in fields if isinstance(value, str)}
     # A name in quotes is a field to add, unless it is a value sent, quoted back.
     quoted = [name for name in _QUOTED_NAME.findall(words) if name not in sent]
     said = (*missing(words), *mentioned(words, fields), *quoted)
     return frozenset(path for path in map(_path, said) if path)
+
+
+def _said(failure: ToolFailure | None, body_text: str) -> str:
+    """What the tool says, for its words to name fields by: its message and its details
+    (each by its key), or the strings of a JSON body. The keys of a JSON body or of a
+    detail's value (``detail``, ``loc``, an echoed input's) and the quotes of a JSON string
+    are the tool's structure, neither a field it names nor a name it quotes."""
+    if failure is None:
+        document = parse_json(body_text)
+        if not isinstance(document, dict | list):
+            return words_of(None, body_text)
+        return "; ".join(_strings(document))
+    parts = [failure.message]
+    size = len(failure.message)
+    for key, value in failure.details.items():
+        if size > TEXT_SAMPLE_BYTES:
+            break
+        parts.append(f"{key}: {'; '.join(_strings(value))}")
+        size += len(parts[-1])
+    return "; ".join(part for part in parts if part)
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """The strings ``value`` holds, however deep, whitespace collapsed."""
+    if isinstance(value, str):
+        yield " ".join(value.split())
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
 
 
 def out_of_scope(

@@ -264,6 +264,8 @@ _FIELD_KEYS = (
     "property",
     "propertyPath",
 )
+_PARAM_LISTS = ("invalid-params", "invalid_params")
+_PARAM_KEYS = (*_FIELD_KEYS, "name")
 _PARTS = frozenset({"body", *_OUTSIDE_BODY})
 # Rails's errors of the record as a whole, not of a field.
 _NOT_FIELDS = frozenset({"base", "message", "error", "errors", "code", "status", "detail"})
@@ -307,8 +309,10 @@ def _from_structure(document: dict[str, Any], found: list[Reference]) -> None:
         for key in _ERROR_LISTS:
             errors = holder.get(key)
             if isinstance(errors, list):
+                # RFC 9457's invalid parameters name theirs in ``name``.
+                named_by = _PARAM_KEYS if key in _PARAM_LISTS else _FIELD_KEYS
                 for error in errors[:_MAX_ERRORS]:
-                    _from_error(error, found)
+                    _from_error(error, found, named_by)
             elif isinstance(errors, dict) and _is_message_map(errors):
                 found += [("body", _split(name)) for name in errors if name not in _NOT_FIELDS]
     validation = document.get("validation")  # celebrate: one report per request part
@@ -322,12 +326,14 @@ def _from_structure(document: dict[str, Any], found: list[Reference]) -> None:
         found += [("body", _split(name)) for name in document if name not in _NOT_FIELDS]
 
 
-def _from_error(error: Any, found: list[Reference]) -> None:
+def _from_error(
+    error: Any, found: list[Reference], field_keys: tuple[str, ...] = _FIELD_KEYS
+) -> None:
     if not isinstance(error, dict):
         return
     part = error.get("location") or error.get("in") or "body"
     part = part if isinstance(part, str) else "body"
-    where = next((error[key] for key in _FIELD_KEYS if key in error), None)
+    where = next((error[key] for key in field_keys if key in error), None)
     if isinstance(where, str | list) and where:
         found.append(_located(part, where))
     for key in ("keys", "fields"):  # unrecognized keys; express-validator's unknown fields
@@ -386,8 +392,9 @@ def _from_text(message: str, found: list[Reference]) -> None:
 
 
 def field_key(name: str) -> str:
-    """A field's name as names compare: ``CheckIn``, ``check_in`` and ``checkIn`` are one."""
-    return re.sub(r"[^0-9a-z]", "", name.casefold())
+    """A field's name as names compare: ``CheckIn``, ``check_in`` and ``checkIn`` are one;
+    letters of any script count (``сумма`` and ``счёт`` are two)."""
+    return re.sub(r"[\W_]", "", name.casefold())
 
 
 def body_fields(text: str, message: str, payload: Mapping[str, Any]) -> list[tuple[str, ...]]:
