@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sidecar.tool.eventstream import AnswerReader, EventScanner, answers_call, rpc_id_text
+from sidecar.tool.eventstream import (
+    LINE_KEPT,
+    AnswerReader,
+    EventScanner,
+    answers_call,
+    rpc_id_text,
+)
 
 ANSWER = b'{"jsonrpc":"2.0","id":3,"result":{"content":[],"isError":true}}'
 ID_3 = rpc_id_text(3)
@@ -213,3 +219,16 @@ def test_past_its_limit_a_reader_still_follows_ids_and_boundaries_but_keeps_no_d
     assert reader.scanner.last_event_id == b"s1-2"
     assert reader.feed(rpc({"id": 3, "result": {}})) is None  # not looked for past the limit
     assert reader.scanner.at_boundary
+
+
+def test_a_relayed_streams_long_lines_cost_no_memory_and_a_long_id_resumes_nothing():
+    """A stream only followed (the relay's) keeps ``LINE_KEPT`` bytes of a line at most:
+    a 1 MiB data line is read past, and an id too long to keep leaves no id to resume from."""
+    relayed = AnswerReader(None, 0)
+    relayed.feed(b"id: s1-1\n\ndata: " + b"x" * 2**20)
+    assert len(relayed.scanner._partial) <= LINE_KEPT  # the line still arriving
+    relayed.feed(b"\n\n")
+    assert relayed.scanner.last_event_id == b"s1-1"  # an id line of its own is kept
+    relayed.feed(b"id: " + b"9" * (LINE_KEPT + 1) + b"\n\n")
+    assert relayed.scanner.last_event_id is None
+    assert relayed.scanner.at_boundary

@@ -24,6 +24,11 @@ _LINE_END = re.compile(rb"\r\n|\r|\n")
 _BOM = b"\xef\xbb\xbf"
 
 
+# What a stream only followed keeps of one line: enough for any ``id`` a server numbers its
+# events with, and a line's kind.
+LINE_KEPT = 1024
+
+
 class EventScanner:
     """The data of each event of a stream fed to it chunk by chunk, in order; and what
     resuming or ending the stream needs.
@@ -33,12 +38,15 @@ class EventScanner:
     set at every event's end, data or not); ``boundary`` is where in the stream that event
     ended (the bytes before it are whole events); ``events`` counts the events that ended,
     comments and priming events included: each shows the server is there. With
-    ``keep_data`` false the data of events is not kept (a stream only relayed). ``fed``
-    counts the bytes fed.
+    ``keep_data`` false the data of events is not kept (a stream only relayed), nor more
+    than ``LINE_KEPT`` bytes of a line: a relayed stream's lines cost no memory however
+    long they are, and an ``id`` longer than that leaves the stream with no id to resume
+    from. ``fed`` counts the bytes fed.
     """
 
     __slots__ = (
         "_after_cr",
+        "_cut",
         "_data",
         "_first_line",
         "_id",
@@ -53,6 +61,7 @@ class EventScanner:
 
     def __init__(self, *, keep_data: bool = True) -> None:
         self._partial = bytearray()  # the line begun in an earlier chunk
+        self._cut = False  # ... and cut at ``LINE_KEPT``, its data not kept
         self._data: list[bytes] = []  # the data lines of the event being read
         self._after_cr = False  # the last chunk ended in CR: a first LF belongs to it
         self._first_line = True
@@ -85,18 +94,31 @@ class EventScanner:
         self._after_cr = False
         for end in _LINE_END.finditer(chunk, start):
             piece = chunk[start : end.start()]
+            cut, self._cut = self._cut, False
             if self._partial:
-                self._partial += piece
+                self._keep(piece)
                 piece = bytes(self._partial)
                 self._partial.clear()
             start = end.end()
-            self._line(piece, events, self.fed + start)
+            self._line(piece, events, self.fed + start, cut)
             self._after_cr = start == len(chunk) and end.group() == b"\r"
-        self._partial += chunk[start:]
+        self._keep(chunk[start:])
         self.fed += len(chunk)
         return events
 
-    def _line(self, line: bytes, events: list[bytes], ends_at: int) -> None:
+    def _keep(self, part: bytes) -> None:
+        """``part`` of the line being read, kept whole only while data is kept."""
+        if self.keep_data:
+            self._partial += part
+            return
+        room = LINE_KEPT - len(self._partial)
+        if len(part) > room:
+            self._cut = True
+            part = part[: max(room, 0)]
+        self._partial += part
+
+    def _line(self, line: bytes, events: list[bytes], ends_at: int, cut: bool = False) -> None:
+        cut = cut or (not self.keep_data and len(line) > LINE_KEPT)
         if self._first_line:
             self._first_line = False
             line = line.removeprefix(_BOM)
@@ -117,6 +139,8 @@ class EventScanner:
         value = value[1:] if value[:1] == b" " else value
         if name == b"data" and self.keep_data:
             self._data.append(value)
+        elif name == b"id" and cut:
+            self._id = None  # an id cut short is none the stream can be resumed from
         elif name == b"id" and b"\0" not in value:
             self._id = value
 
@@ -167,7 +191,7 @@ class AnswerReader:
     __slots__ = ("_left", "_rpc_id", "alive", "scanner")
 
     def __init__(self, rpc_id: bytes | None, limit: int) -> None:
-        self.scanner = EventScanner()
+        self.scanner = EventScanner(keep_data=limit > 0)
         self._rpc_id = rpc_id
         self._left = limit
         self.alive = False
