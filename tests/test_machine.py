@@ -380,6 +380,9 @@ LIVES = [
          "Prepare Send ReopenSession Send ReopenSession Settle:ok",
          "404 session=reopened, 404", Outcome.NOT_RETRYABLE, 2, answer="404", settled="ok",
          session=True),
+    Life("a lost session's request whose body streamed cannot go again: its 404 goes back",
+         ("404",), "Prepare Send Settle:ok", "404", Outcome.NOT_RETRYABLE, 1, answer="404",
+         settled="ok", session=True, streamed=True),
     Life("a 404 without a session is the tool's word", ("404",), "Prepare Send Settle:ok",
          "404", Outcome.NOT_RETRYABLE, 1, answer="404", settled="ok"),
     Life("the fleet's cooldown waited out", ("cooldown=2", "cooldown=0", "200"),
@@ -494,6 +497,48 @@ def test_records_are_immutable_once_made() -> None:
         attempt.label = "200"  # type: ignore[misc]
 
 
+def test_the_call_sent_again_on_a_new_session_is_its_first_run_not_a_retry() -> None:
+    """The 404 proved the call never ran: sent again on the new session, it gets the whole
+    per-try timeout, which the retry window (here ending in 0.5 s) would otherwise cut."""
+    clock = Clock()
+    life = Life("", (), "", "", Outcome.OK, 0, timeout_s=0.5, beyond_window_s=60.0, session=True)
+    machine, _ = machine_for(life, clock)
+    machine.start()
+    send = machine.prepared(Payload(b"{}"))
+    assert isinstance(send, Send) and send.per_try_s == 2.0
+    clock.now += 0.1
+    reopen = machine.answered(send, Handle("404"))
+    assert isinstance(reopen, ReopenSession)
+    assert reopen.time_left_s == pytest.approx(60.4)  # the deadline's, not the window's
+    again = machine.reopened(True)
+    assert isinstance(again, Send) and again.per_try_s == 2.0
+
+
+@pytest.mark.parametrize(("beyond_window_s", "reason"), [(0.0, "deadline"), (60.0, "retry_window")])
+def test_a_retry_cut_by_time_says_which_clock_cut_it(beyond_window_s: float, reason: str) -> None:
+    life = Life(
+        "timeout cut", ("503 +0.1s", "timeout +0.8s"), "", "", Outcome.DEADLINE, 2,
+        timeout_s=1.4, beyond_window_s=beyond_window_s,
+    )  # fmt: skip
+    clock = Clock()
+    machine, _ = machine_for(life, clock)
+    machine.start()
+    first = machine.prepared(Payload(b"{}"))
+    assert isinstance(first, Send)
+    clock.now += 0.1
+    machine.answered(first, NoAnswer(AttemptError.CONNECT))
+    machine.outbox.clear()
+    clock.now += 0.5
+    retry = machine.slept()
+    assert isinstance(retry, Send)
+    clock.now += retry.per_try_s
+    settle = machine.answered(retry, NoAnswer(AttemptError.TIMEOUT))
+    assert isinstance(settle, Settle)
+    ended = machine.settled()
+    assert isinstance(ended, Unanswered)
+    assert (ended.outcome, ended.reason) == (Outcome.DEADLINE, reason)
+
+
 # --- the protocol: each phase takes its own events, and refuses every other ------------------
 
 # The phase table, as docs/architecture.md gives it: the events each phase takes.
@@ -507,7 +552,7 @@ PHASE_TABLE = {
     Phase.REPAIRING: {"repaired", "cancelled", "agent_gone"},
     Phase.REOPENING: {"reopened", "cancelled", "agent_gone"},
     Phase.SETTLING: {"settled", "cancelled", "agent_gone"},
-    Phase.ENDED: set(),
+    Phase.ENDED: {"agent_gone"},
 }
 
 

@@ -424,6 +424,11 @@ class Restartable:
     current: int = 0
     received: list[list[str]] = field(default_factory=lambda: [[], [], []])
     restart_after: str | None = None  # a method that restarts the server once it is received
+    hold_404s: int = (
+        0  # 404s held back until this many came, so that they reach the sidecar together
+    )
+    _held: int = 0
+    _all_held: asyncio.Event = field(default_factory=asyncio.Event)
 
     def restart(self) -> None:
         self.current += 1
@@ -439,6 +444,11 @@ class Restartable:
             self.restart_after = None
             self.restart()
         async with self.http.request(request.method, url, data=body, headers=headers) as answer:
+            if answer.status == 404 and self.hold_404s:
+                self._held += 1
+                if self._held >= self.hold_404s:
+                    self._all_held.set()
+                await self._all_held.wait()
             relayed = web.StreamResponse(
                 status=answer.status,
                 headers={
@@ -571,6 +581,7 @@ async def test_requests_that_meet_the_404_together_go_on_one_new_session(make_to
             await client.call_tool("echo", {"text": "a"})
             session = wire.exchanges[0].headers["Mcp-Session-Id"]
             servers.restart()
+            servers.hold_404s = 2
             headers = {**MCP_HEADERS, "Mcp-Session-Id": session,
                        "Mcp-Protocol-Version": "2025-11-25"}  # fmt: skip
             calls = [
@@ -645,3 +656,29 @@ async def test_another_replica_opens_again_a_session_one_saw_opened(
     assert answer.headers["X-Sidecar-Trail"] == "404 session=reopened, 200"
     assert b"second: b" in body
     assert servers.received[1][:3] == ["tools/call", "initialize", "notifications/initialized"]
+
+
+async def test_a_session_its_agent_ended_is_opened_again_by_no_replica(
+    make_tool, make_sidecar, redis_store
+):
+    """The agent's ``DELETE`` ends the session in the fleet store too: a straggling request
+    on it, on another replica after a restart, gets the server's 404 rather than a new
+    session nobody will end."""
+    shared = {"state_url": redis_store.url, "state_timeout_ms": 2000}
+    async with restartable(make_tool) as (servers, tool):
+        one = await make_sidecar(tool, **shared)
+        other = await make_sidecar(tool, **shared)
+        wire = Wire()
+        async with mcp_client(str(one.client.make_url("/mcp")), wire, mode="legacy") as client:
+            await client.call_tool("echo", {"text": "a"})
+            session = wire.exchanges[0].headers["Mcp-Session-Id"]
+        servers.restart()  # the client's DELETE went first, as it left
+        answer = await other.client.post(
+            "/mcp",
+            json={"jsonrpc": "2.0", "id": 9, "method": "tools/list"},
+            headers={**MCP_HEADERS, "Mcp-Session-Id": session,
+                     "Mcp-Protocol-Version": "2025-11-25"},
+        )  # fmt: skip
+
+    assert answer.status == 404
+    assert "initialize" not in servers.received[1]

@@ -12,6 +12,7 @@ what the sidecar says instead.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -88,16 +89,17 @@ class Engine:
         run = _Run(self, route, request, controls, payload)
         try:
             ended = await unless_stopped(run.drive(), stop)
-        except asyncio.CancelledError:
-            # The agent went away during an attempt, a repair or a wait.
+            if ended is None:  # the agent cancelled it: no verdict on the tool
+                return run.machine.cancelled()
+            if isinstance(ended, steps.Settle):
+                await run.settle(ended)
+                return run.machine.settled()
+            return ended
+        except BaseException:
+            # The agent went away during an attempt, a repair, a wait or the verdict's
+            # count, or the sidecar failed: the answer held and the circuit's admission go.
             run.machine.agent_gone()
             raise
-        if ended is None:  # the agent cancelled it: no verdict on the tool
-            return run.machine.cancelled()
-        if isinstance(ended, steps.Settle):
-            await run.settle(ended)
-            return run.machine.settled()
-        return ended
 
 
 class _Run:
@@ -195,9 +197,11 @@ class _Run:
             if isinstance(sent, Response)
             else sent
         )
-        if isinstance(result, Answer) and result.broken:
-            # Resumed before anything is replayed: the server holds what follows.
-            timeouts = (self.tuning.per_try_timeout_ms / 1000, inspect_s)
+        if isinstance(result, Answer) and result.broken and self.request.rpc_id is not None:
+            # An MCP call's stream is resumed before anything is replayed: the server holds
+            # what follows.
+            per_try_s = min(self.tuning.per_try_timeout_ms / 1000, self.machine.time_left_s())
+            timeouts = (per_try_s, inspect_s)
             result = await resume(self.engine.pool, self.request, result, limit, timeouts)
         return self.machine.answered(copy, result)
 
@@ -239,13 +243,18 @@ class _Run:
             proposal.payload, proposal.layer, proposal.retry_same, proposal.llm_repairs
         )
 
-    async def reopen_session(self, _: steps.ReopenSession) -> Command:
-        """Open the request's MCP session again; the request names the new one from now on."""
+    async def reopen_session(self, reopen: steps.ReopenSession) -> Command:
+        """Open the request's MCP session again, within the request's deadline; the
+        request names the new one from now on."""
         assert self.session is not None
         per_try_s, pool = self.tuning.per_try_timeout_ms / 1000, self.engine.pool
-        request, opened_here = await self.sessions.reopen(
-            pool, self.request, self.session, self.engine.inspect_limit, per_try_s
-        )
+        # A reopening the deadline cuts counts as one that failed.
+        request, opened_here = None, True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(reopen.time_left_s):
+                request, opened_here = await self.sessions.reopen(
+                    pool, self.request, self.session, self.engine.inspect_limit, per_try_s
+                )
         if request is not None:
             self.request = request
         if opened_here:  # once per session opened again, however many requests it carries

@@ -50,7 +50,6 @@ from sidecar.retry.steps import (
     CIRCUIT_REFUSED,
     PREPARE,
     READ_COOLDOWN,
-    REOPEN_SESSION,
     SETTLE_FAILED,
     SETTLE_OK,
     A,
@@ -59,6 +58,7 @@ from sidecar.retry.steps import (
     Command,
     Paused,
     Relayed,
+    ReopenSession,
     Repair,
     RepairJudged,
     Report,
@@ -108,6 +108,7 @@ class RetryMachine(Generic[A]):
         "_tools",
         "_trail",
         "_unjudged",
+        "_unrun",
         "_wall",
         "outbox",
         "terms",
@@ -141,6 +142,7 @@ class RetryMachine(Generic[A]):
         self._answered_layers: tuple[str, ...] = ()
         self._attempts = self._retries = 0
         self._reopens_left = SESSION_REOPENS
+        self._unrun = 0  # attempts a lost session's 404 proved never ran
         self._previous_wait: float | None = None
         self._result: Result[A] | None = None
 
@@ -162,6 +164,11 @@ class RetryMachine(Generic[A]):
     def records(self) -> tuple[Attempt, ...]:
         """Every attempt judged so far, in order."""
         return tuple(self._records)
+
+    def time_left_s(self) -> float:
+        """What is left of the request's deadline: what an exchange of the sidecar's own
+        for it (a stream's resumption) may take at most."""
+        return self.terms.deadline - self._clock()
 
     # Events.
 
@@ -250,6 +257,7 @@ class RetryMachine(Generic[A]):
         if not opened:
             return self._give(self._decide())
         last = self._records[-1]
+        self._unrun += 1
         self._trail.append(f"{last.trail_label} session=reopened")
         # A retry, as the agent reads the outcome (``recovered``); the budget, which bounds
         # what retries add to a failing tool's load, pays for none: the call never ran.
@@ -284,10 +292,12 @@ class RetryMachine(Generic[A]):
         )
 
     def agent_gone(self) -> None:
-        """The agent went away: nothing goes back, and no verdict is counted."""
+        """The agent went away (or the engine failed): nothing goes back, and no verdict is
+        counted. Once the result is given, its answer goes too: nobody will relay it."""
         self._expect(MachineEvent.AGENT_GONE)
+        if self._phase is not Phase.ENDED:
+            self._abandon()
         self._phase = Phase.ENDED
-        self._abandon()
         if self._answer is not None:
             self._answer.discard()
 
@@ -309,10 +319,11 @@ class RetryMachine(Generic[A]):
         if (
             self._reopens_left
             and self.terms.session_reopenable
+            and self._payload is not None  # a streamed body cannot go again
             and _session_lost(last)
             and self._clock() < self.terms.retry_until
         ):
-            return REOPEN_SESSION
+            return ReopenSession(self.time_left_s())
         verdict = last.verdict
         if verdict.action is Action.DONE:
             return self._carry_out(done(verdict, self._retries, slow_body=last.slow_body), None)
@@ -409,7 +420,8 @@ class RetryMachine(Generic[A]):
             terms.per_try_s,
             terms.deadline - now,
             terms.retry_until - now,
-            first=self._attempts == 1,
+            # The call's first run: a lost session's 404s before it never ran.
+            first=self._attempts - self._unrun == 1,
         )
         return Send(self._attempts, now, per_try, hedge)
 
@@ -462,7 +474,11 @@ class RetryMachine(Generic[A]):
         if error is not None:
             reason = last.error_reason
             if outcome is Outcome.DEADLINE and error is AttemptError.TIMEOUT:
-                reason = "deadline"  # the request's time ran out, not the tool's per-try
+                # The request's time ran out, not the tool's per-try: its deadline's, or
+                # the retry window's for a retry.
+                copy = last.copy
+                to_deadline_s = self.terms.deadline - copy.started
+                reason = "deadline" if copy.per_try_s >= to_deadline_s - 1e-6 else "retry_window"
             return Unanswered(outcome, self._attempts, trail, error, reason)
         # Only a wait drops an answer (one still streaming), and only a refusal follows it.
         assert paused_for_s is not None

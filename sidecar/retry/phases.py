@@ -76,7 +76,8 @@ EVENTS: dict[Phase, frozenset[MachineEvent]] = {
     Phase.REPAIRING: frozenset({_E.REPAIRED}) | _AGENT,
     Phase.REOPENING: frozenset({_E.REOPENED}) | _AGENT,
     Phase.SETTLING: frozenset({_E.SETTLED}) | _AGENT,
-    Phase.ENDED: frozenset(),
+    # The result is given; an engine cancelled before it returned it lets the answer go.
+    Phase.ENDED: frozenset({_E.AGENT_GONE}),
 }
 
 # The phase each command puts the machine in.

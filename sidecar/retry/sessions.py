@@ -40,6 +40,12 @@ from sidecar.transport.pool import Pool, Response
 
 MAX_SESSIONS = 10_000
 MAX_AGE_S = 24 * 60 * 60
+# An ``initialize`` larger than this is not kept (its session cannot be opened again): a
+# client's is a few hundred bytes, and ten thousand padded ones must not hold gigabytes.
+MAX_INITIALIZE_BYTES = 64 * 1024
+# What a request waiting on another's reopening is told when that one was cancelled
+# before it knew: open it yourself. (A session id is never empty.)
+_TAKE_OVER = ""
 INITIALIZED = b'{"jsonrpc":"2.0","method":"notifications/initialized"}'
 # What a new session's requests leave out of the failed request's headers: those of its body
 # and of the old session.
@@ -93,6 +99,8 @@ class McpSessions:
 
     async def opened(self, session: str, initialize: bytes) -> None:
         """An ``initialize`` the sidecar relayed opened ``session``."""
+        if len(initialize) > MAX_INITIALIZE_BYTES:
+            return
         self._keep(session, _Session(initialize, session, 0.0))
         if self._fleet is not None:
             await self._fleet.keep_mcp_session(session, initialize, session, self._max_age_s)
@@ -117,22 +125,23 @@ class McpSessions:
         """The agent's ``session``, which the server ``failed`` went to forgot, opened again
         with the ``initialize`` that first opened it; none when the sidecar never saw it
         opened or the server would not open it."""
-        named = failed.headers.get(SESSION_HEADER)
-        current = await self._current_upstream(session)
-        if current is not None and current != named:
-            return Reopened(with_session(failed, current), False)  # opened since it was sent
-        opening = self._opening.get(session)
-        if opening is not None:
+        while (opening := self._opening.get(session)) is not None:
             upstream = await asyncio.shield(opening)
-            return Reopened(None if upstream is None else with_session(failed, upstream), False)
+            if upstream != _TAKE_OVER:
+                return Reopened(_on_new_session(failed, upstream), False)
+        # Claimed before anything is awaited: the session's other requests wait for this.
         opening = self._opening[session] = asyncio.get_running_loop().create_future()
-        upstream = None
+        upstream = _TAKE_OVER
         try:
+            current = await self._current_upstream(session)
+            if current is not None and current != failed.headers.get(SESSION_HEADER):
+                upstream = current  # opened again since this request was sent
+                return Reopened(_on_new_session(failed, upstream), False)
             upstream = await self._open_again(pool, failed, session, limit, timeout_s)
+            return Reopened(_on_new_session(failed, upstream), True)
         finally:
             opening.set_result(upstream)
             del self._opening[session]
-        return Reopened(None if upstream is None else with_session(failed, upstream), True)
 
     async def _open_again(
         self, pool: Pool, failed: UpstreamRequest, session: str, limit: int, timeout_s: float
@@ -179,6 +188,8 @@ class McpSessions:
             return None
         if method == "DELETE":
             self._sessions.pop(session, None)
+            if self._fleet is not None:
+                await self._fleet.forget_mcp_session(session)
             return None
         if answer_session is not None and self.upstream_of(session) == answer_session:
             return session
@@ -246,6 +257,20 @@ async def _exchanged(
         return None  # broken or malformed: its connection is closed already
     answer.discard()
     return sent
+
+
+def _on_new_session(failed: UpstreamRequest, upstream: str | None) -> UpstreamRequest | None:
+    """``failed`` sent again on the session the server knows as ``upstream`` (``None``:
+    none could be opened), without a ``Last-Event-ID``: the new session's events are
+    numbered anew."""
+    if upstream is None:
+        return None
+    request = with_session(failed, upstream)
+    if "Last-Event-ID" in request.headers:
+        headers = request.headers.copy()
+        del headers["Last-Event-ID"]
+        request = request.with_headers(headers)
+    return request
 
 
 def with_session(request: UpstreamRequest, session: str) -> UpstreamRequest:

@@ -137,9 +137,6 @@ Result = Relayed[A] | Unanswered | Paused
 # Commands besides ``Send`` and the results: each is answered by one event.
 
 
-# Actions besides ``Send`` and ``Result``.
-
-
 class SendHedged(NamedTuple):
     """Send ``first``; when no answer's head came after ``after_s``, ask ``hedge_due``."""
 
@@ -184,7 +181,10 @@ class Repair(NamedTuple):
 
 
 class ReopenSession(NamedTuple):
-    """Open the MCP session the server forgot again (``reopened`` with whether it did)."""
+    """Open the MCP session the server forgot again, within ``time_left_s`` (the request's
+    deadline), and say whether it was (``reopened``)."""
+
+    time_left_s: float
 
 
 class Settle(NamedTuple):
@@ -195,7 +195,6 @@ class Settle(NamedTuple):
 
 PREPARE = Prepare()
 READ_COOLDOWN = ReadCooldown()
-REOPEN_SESSION = ReopenSession()
 SETTLE_FAILED, SETTLE_OK = Settle(True), Settle(False)
 
 Command = (
@@ -238,7 +237,7 @@ class RepairJudged(NamedTuple):
     """The attempt that carried ``layer``'s payload succeeded or failed."""
 
     layer: str
-    result: str  # "applied", "succeeded", "failed"
+    result: str  # "succeeded" or "failed"
 
 
 class ShareCooldown(NamedTuple):

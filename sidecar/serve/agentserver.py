@@ -72,8 +72,8 @@ class AgentServer:
         """Stop listening; an idle connection closes now, one answering gets ``grace_s`` to
         finish its answer and is then cut."""
         self.stop_listening()
-        # As aiohttp's runner does: one turn of the loop for the heads that arrived before
-        # the listener closed, so that they are answered rather than dropped as idle.
+        # As aiohttp's runner does: one turn of the loop, so that bytes an idle connection
+        # has already received are read (a request taken on) before idle ones are closed.
         await asyncio.sleep(0)
         for agent in list(self.agents):
             agent.close_when_idle()

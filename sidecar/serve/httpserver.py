@@ -383,7 +383,8 @@ class AgentConnection(AnswerWriter):
             self._transport.close()
 
     async def shutdown(self, grace_s: float | None) -> None:
-        """Let the request being answered finish within ``grace_s``, then cut it."""
+        """Let the request being answered finish within ``grace_s``, then cut it (and give
+        its handler as long again to end)."""
         self._closing = True
         task = self._task
         if task is not None and not task.done():

@@ -266,7 +266,11 @@ class Proxy:
             call.status = answer.status
             report = _report(result)
             if SESSION_HEADER in request.headers or call.opens_session():
-                await self._keep_session_books(request, call, route, answer, report)
+                try:
+                    await self._keep_session_books(request, call, route, answer, report)
+                except BaseException:
+                    answer.discard()  # the agent went away before the relay took it
+                    raise
             stream = self._stream_terms(request, call, route, answer, deadline)
             return await relay(request, answer, report, stream)
         streamed = body if isinstance(body, StreamedBody) else None
@@ -314,11 +318,13 @@ class Proxy:
             rpc is not None and rpc.method in LONG_LIVED_METHODS
         )
         tuning = route.tuning
+        at_most = asyncio.get_running_loop().time() + tuning.per_try_max_ms / 1000
         return StreamTerms(
             self._streams_end,
             answer_due=not long_lived and answer.reader is not None and not answer.decisive,
             idle_s=tuning.per_try_timeout_ms / 1000,
-            until=min(deadline, asyncio.get_running_loop().time() + tuning.per_try_max_ms / 1000),
+            until=min(deadline, at_most),
+            until_is_deadline=deadline < at_most,
         )
 
     def _answer_of_our_own(

@@ -30,6 +30,7 @@ class StreamTerms(NamedTuple):
     answer_due: bool
     idle_s: float
     until: float
+    until_is_deadline: bool = False  # ``until`` is the request's deadline, not the maximum
 
 
 async def relay(
@@ -114,7 +115,13 @@ async def _relay_events(request: AgentRequest, answer: Answer, terms: StreamTerm
                 await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 if not arriving.done():
                     await _abandon(arriving)
-                    why = "drain" if not waiting else "idle" if idle_at <= terms.until else "max"
+                    why = (
+                        "drain"
+                        if not waiting
+                        else "idle"
+                        if idle_at <= terms.until
+                        else ("deadline" if terms.until_is_deadline else "max")
+                    )
                     _log.info("upstream_stream_ended", status=answer.status, reason=why)
                     return scanner.at_boundary
             chunk = await arriving

@@ -272,7 +272,11 @@ async def resume(
     """
     per_try_s, inspect_s = timeouts
     assert cut.reader is not None and cut.reader.scanner.last_event_id is not None
-    headers = resume_headers(request.headers, cut.reader.scanner.last_event_id.decode())
+    try:
+        last_event_id = cut.reader.scanner.last_event_id.decode()
+    except UnicodeDecodeError:
+        return cut  # no header can carry it back: the agent's client has what was read
+    headers = resume_headers(request.headers, last_event_id)
     again = UpstreamRequest("GET", request.url, headers, b"", host=request.host)
     sent = await send(pool, again, per_try_s)
     if isinstance(sent, NoAnswer):

@@ -299,6 +299,11 @@ class RouteState:
 
         await self._store.call("session_write", write)
 
+    async def forget_mcp_session(self, session: str) -> None:
+        """The agent ended the session (``DELETE``): no replica opens it again."""
+        key = self._session_key(session)
+        await self._store.call("session_delete", lambda client: client.delete(key))
+
     def _session_key(self, session: str) -> str:
         return f"{self._key}mcp-session:{_digest(session)}"
 
