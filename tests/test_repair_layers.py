@@ -185,6 +185,26 @@ def test_redaction_always_restores(value):
     assert redactor.restore(redactor.redact(original)) == original
 
 
+def test_a_placeholder_no_secret_has_is_written_back_as_the_model_wrote_it():
+    """A model that invents ``<redacted-7>`` (a real small one did, for a one-time password)
+    gets its text back, judged as any other: 0.5 recursed on it until a RecursionError
+    answered the agent 500."""
+    redactor = Redactor()
+    shown = redactor.redact({"password": "hunter2", "otp": "123 456"})
+    written = {**shown, "otp": "<redacted-7>", "note": "<redacted-7> and <redacted-1>"}
+    assert redactor.restore(written) == {
+        "password": "hunter2",
+        "otp": "<redacted-7>",
+        "note": "<redacted-7> and hunter2",
+    }
+
+
+def test_a_payload_holding_placeholders_own_text_restores_in_bounded_steps():
+    redactor = Redactor()
+    payload = {"password": "<redacted-2>", "token": "<redacted-1>"}
+    assert redactor.restore(redactor.redact(payload)) == payload
+
+
 def test_corrections_are_checked_against_what_was_tried_size_and_schema():
     original = {"location": "A"}
     check_correction({"location": "B"}, original, set(), {"type": "object"})

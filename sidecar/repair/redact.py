@@ -28,6 +28,9 @@ _TRIE_DEPTH = 24
 _KEY = 12
 _COOKIE_PAIRS = re.compile(r"[;,]\s*")
 _PLACEHOLDER = re.compile(r"<redacted-\d+>")
+# How deep a secret holding another's placeholder is put back: a secret is redacted before
+# the text around it, so real nesting is one or two deep.
+_MAX_NESTING = 8
 
 
 def sent_secrets(headers: Mapping[str, str], query: MultiMapping[str]) -> tuple[str, ...]:
@@ -133,15 +136,20 @@ class Redactor:
             return self._restored_text(value)
         return value
 
-    def _restored_text(self, text: str) -> str:
+    def _restored_text(self, text: str, depth: int = 0) -> str:
         """``text`` with each placeholder in it put back, in one pass: a secret may hold an
         earlier placeholder (a query value holding a URL whose userinfo was replaced first),
-        put back in turn."""
-        if "<redacted-" not in text:
+        put back in turn. A placeholder no secret has (a model's invention) stays as it is
+        written; so does one past ``_MAX_NESTING``, which only a payload that holds
+        placeholders' own text can reach."""
+        if "<redacted-" not in text or depth > _MAX_NESTING:
             return text
-        return _PLACEHOLDER.sub(
-            lambda found: self._restored_text(self._secrets.get(found[0], found[0])), text
-        )
+
+        def put_back(found: re.Match[str]) -> str:
+            secret = self._secrets.get(found[0])
+            return found[0] if secret is None else self._restored_text(secret, depth + 1)
+
+        return _PLACEHOLDER.sub(put_back, text)
 
     def _placeholder(self, secret: str) -> str:
         if secret not in self._placeholders:
