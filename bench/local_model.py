@@ -599,6 +599,9 @@ async def run(args: argparse.Namespace) -> int:
             # defaults (10 s a call, 120 s a request) would measure the machine, not the model.
             env.setdefault("SIDECAR_LLM_TIMEOUT_MS", "120000")
             env.setdefault("SIDECAR_REQUEST_TIMEOUT_MS", "600000")
+            # Since 0.6 the retries, a repair's model call among them, end with their own
+            # window (4 s by default); a tree before 0.6 warns that it is no setting.
+            env.setdefault("SIDECAR_RETRY_WINDOW_MS", "600000")
 
             results: list[list[Played]] = []
             started = time.monotonic()
