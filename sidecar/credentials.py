@@ -37,12 +37,16 @@ HTTP_CREDENTIAL = re.compile(r"(?i)\b(Bearer|Basic|Token)(\s+)([A-Za-z0-9._~+/=-
 # a long run such as ``a-a-a-…`` started a scan to the run's end, time quadratic in it.
 URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]{0,31}://)([^/?#\s\"'<>]*@)")
 # ``user:password@host`` with no scheme before it, as a path segment or a value may carry a
-# URL (``/fetch/user:pw@h.example/x``): the userinfo in group 2, a host name after it. The
-# colon is what marks a password: ``alice@example.com`` is an address, not a credential.
-# Both parts are bounded, as the scheme above is, so that no run of text is scanned once
-# per place it could start.
+# URL (``/fetch/user:pw@h.example/x``): the userinfo in group 2, a host after it (a name,
+# or ``[`` for an IPv6 address). The colon is what marks a password: ``alice@example.com``
+# is an address, not a credential. The user may hold escapes (``alice%40corp``, an address)
+# other than a colon's and a slash's, which belong to a URL escaped whole (decoded below),
+# and the password runs to the last ``@`` before the host, as in ``URL_USERINFO``, since
+# it may hold an unescaped ``@``. Both parts are bounded, as the scheme above is, so that
+# no run of text is scanned once per place it could start.
 BARE_USERINFO = re.compile(
-    r"(?i)(^|[/=\s\"'(,;])([\w.~!$&'*+-]{0,256}:[^/?#\s\"'<>@]{0,256}@)(?=[a-z0-9])"
+    r"(?i)(^|[/=\s\"'(,;])((?:[\w.~!$&'*+-]|%(?!3a|2f)[0-9a-f]{2}){0,256}"
+    r":[^/?#\s\"'<>]{0,256}@)(?=[\w\[-])"
 )
 
 MASK = "***"

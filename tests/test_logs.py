@@ -95,6 +95,11 @@ USERINFO_FORMS = [
     ),
     ("/r/fetch/user%253ASECRET%2540h.example/x", "/r/fetch/***@h.example/x"),
     ("/r/f/x%253Ftoken%253DSECRET", "/r/f/x?token=***"),
+    # A user that is an escaped address, a password holding an "@", an IPv6 host
+    ("/r/fetch/alice%40corp.example:SECRET@h.example/x", "/r/fetch/***@h.example/x"),
+    ("/r/fetch/user:SE@CRET@h.example/x", "/r/fetch/***@h.example/x"),
+    ("/r/fetch/user:SECRET@[::1]:8080/x", "/r/fetch/***@[::1]:8080/x"),
+    ("/r/fetch/user:SECRET@_h.example/x", "/r/fetch/***@_h.example/x"),
     # Not credentials: an address, a time, a colon in a segment
     ("/users/alice@example.com", "/users/alice@example.com"),
     ("/at/12:30", "/at/12:30"),
