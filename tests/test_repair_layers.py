@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
-from sidecar.repair.llm_answer import Refused, check_correction
-from sidecar.repair.redact import Redactor, is_secret_name
+from sidecar.repair.llm_answer import Refused, check, check_correction
+from sidecar.repair.llm_prompt import LlmRequest
+from sidecar.repair.redact import PutBackTooLarge, Redactor, is_secret_name
 from sidecar.repair.schemas import RouteSchema, parse_document, resolve
 from sidecar.tool.envelopes import ToolFailure
 
@@ -205,6 +207,27 @@ def test_a_payload_holding_placeholders_own_text_restores_in_bounded_steps():
     assert redactor.restore(redactor.redact(payload)) == payload
 
 
+def test_a_secret_holding_its_own_placeholder_cannot_grow_the_answer_as_a_power():
+    """An agent's password of eight ``<redacted-1>``, once it is ``<redacted-1>`` itself,
+    would be put back into itself eight levels deep: 8**9 copies, 1.6 GB on the event loop.
+    Past four times the secrets' text, the answer is refused as too large."""
+    redactor = Redactor()
+    shown = redactor.redact({"password": "<redacted-1>" * 8, "note": "x"})
+    assert shown == {"password": "<redacted-1>", "note": "x"}
+    with pytest.raises(PutBackTooLarge):
+        redactor.restore({**shown, "note": "see <redacted-1>"})
+    answer = orjson.dumps(
+        {
+            "can_fix": True,
+            "corrected_payload": {"password": "<redacted-1>", "note": "<redacted-1>."},
+        }
+    ).decode()
+    checked = check(answer, redactor, llm_request({"password": "<redacted-1>" * 8, "note": "x"}))
+    assert checked.refused is not None and checked.refused.kind == "too_large"
+    # The same secret put back where the agent had it is the agent's value, as sent.
+    assert redactor.restore(shown) == {"password": "<redacted-1>" * 8, "note": "x"}
+
+
 def test_corrections_are_checked_against_what_was_tried_size_and_schema():
     original = {"location": "A"}
     check_correction({"location": "B"}, original, set(), {"type": "object"})
@@ -289,3 +312,21 @@ def test_documents_parse_from_json_or_yaml_and_refs_resolve_safely():
     assert parse_document(b"a: 1\nb: [x]") == {"a": 1, "b": ["x"]}
     assert resolve({"$ref": "#/nope"}, {}) == {}
     assert resolve({"$ref": "other.yaml#/x"}, {}) == {}
+
+
+def llm_request(payload: dict) -> LlmRequest:
+    return LlmRequest(
+        method="POST",
+        route="default",
+        path="/w",
+        path_template="/w",
+        status=400,
+        failure=None,
+        body_text="",
+        payload=payload,
+        schema=None,
+        attempt=1,
+        intent=None,
+        tried=(),
+        earlier=None,
+    )

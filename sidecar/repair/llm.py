@@ -202,7 +202,10 @@ class LlmRepairer:
         if stored is None:
             return None
         written = LlmAnswer.from_json(stored)
-        remembered = written.restored(ask.redactor)
+        try:
+            remembered = written.restored(ask.redactor)
+        except Refused:
+            return None
         if refusal(remembered, None, request) is not None or ask.scope.outside(written.corrected):
             return None
         self._cache.put(cache_key, remembered)

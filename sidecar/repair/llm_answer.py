@@ -18,7 +18,7 @@ from sidecar.repair.coercion import coerce
 from sidecar.repair.jsontext import dumps
 from sidecar.repair.llm_prompt import LlmRequest
 from sidecar.repair.payload import fingerprint
-from sidecar.repair.redact import Redactor
+from sidecar.repair.redact import PutBackTooLarge, Redactor
 from sidecar.tool.json_value import MAX_DEPTH, nests_within
 
 MAX_GROWTH = 4
@@ -42,10 +42,11 @@ class LlmAnswer:
         return cls(document["can_fix"], document["is_transient"], document["corrected"])
 
     def restored(self, redactor: Redactor) -> LlmAnswer:
-        """This answer with the secrets ``redactor`` hid put back."""
+        """This answer with the secrets ``redactor`` hid put back (``Refused`` when that
+        would grow it past the size guard)."""
         if self.corrected is None:
             return self
-        return LlmAnswer(self.can_fix, self.is_transient, redactor.restore(self.corrected))
+        return LlmAnswer(self.can_fix, self.is_transient, _put_back(redactor, self.corrected))
 
 
 class Refused(Exception):
@@ -58,6 +59,12 @@ class Refused(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+def _too_large() -> Refused:
+    return Refused(
+        "too_large", "corrected_payload is more than four times larger than the original"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +122,17 @@ def _parse(content: str, redactor: Redactor) -> tuple[LlmAnswer, dict[str, Any] 
     answer = LlmAnswer(
         can_fix=document["can_fix"],
         is_transient=document.get("is_transient") is True,
-        corrected=redactor.restore(written) if written is not None else None,
+        corrected=_put_back(redactor, written) if written is not None else None,
     )
     return answer, written
+
+
+def _put_back(redactor: Redactor, written: dict[str, Any]) -> dict[str, Any]:
+    try:
+        restored: dict[str, Any] = redactor.restore(written)
+    except PutBackTooLarge:
+        raise _too_large() from None
+    return restored
 
 
 def _typed(
@@ -154,10 +169,7 @@ def check_correction(
         )
     # Measured as the text sent: a coerced integer may be past 64 bits, which orjson refuses.
     if len(dumps(corrected).encode()) > MAX_GROWTH * max(len(dumps(original).encode()), 1):
-        raise Refused(
-            "too_large",
-            "corrected_payload is more than four times larger than the original",
-        )
+        raise _too_large()
     if schema:
         problems = _schema_errors(corrected, written if written is not None else corrected, schema)
         if problems:

@@ -31,6 +31,11 @@ _PLACEHOLDER = re.compile(r"<redacted-\d+>")
 # How deep a secret holding another's placeholder is put back: a secret is redacted before
 # the text around it, so real nesting is one or two deep.
 _MAX_NESTING = 8
+# How many times over the secrets' own text a restore may put back, as the answer's size
+# guard lets a payload grow (``llm_answer.MAX_GROWTH``): an agent's secret that holds
+# placeholders' text, put back into itself, would otherwise grow as a power of its copies.
+_PUT_BACK_GROWTH = 4
+_PUT_BACK_FLOOR = 4096
 
 
 def sent_secrets(headers: Mapping[str, str], query: MultiMapping[str]) -> tuple[str, ...]:
@@ -48,6 +53,10 @@ def sent_secrets(headers: Mapping[str, str], query: MultiMapping[str]) -> tuple[
         else:  # a credential after its scheme: "Bearer <token>"
             found.append(value.rpartition(" ")[2])
     return tuple(dict.fromkeys(part for part in found if len(part) >= _MIN_ECHOED_SECRET))
+
+
+class PutBackTooLarge(ValueError):
+    """A restore would put back more text than the secrets could honestly fill."""
 
 
 class Redactor:
@@ -126,28 +135,39 @@ class Redactor:
         return self._echoes
 
     def restore(self, value: Any) -> Any:
+        """``value`` (the model's payload) with each placeholder put back; raises
+        ``PutBackTooLarge`` past ``_PUT_BACK_GROWTH`` times the secrets' text."""
+        budget = [_PUT_BACK_GROWTH * (sum(map(len, self._secrets.values())) + _PUT_BACK_FLOOR)]
+        return self._restored(value, budget)
+
+    def _restored(self, value: Any, budget: list[int]) -> Any:
         if isinstance(value, dict):
-            return {key: self.restore(item) for key, item in value.items()}
+            return {key: self._restored(item, budget) for key, item in value.items()}
         if isinstance(value, list):
-            return [self.restore(item) for item in value]
+            return [self._restored(item, budget) for item in value]
         if isinstance(value, str):
             if value in self._originals:
                 return self._originals[value]
-            return self._restored_text(value)
+            return self._restored_text(value, budget)
         return value
 
-    def _restored_text(self, text: str, depth: int = 0) -> str:
+    def _restored_text(self, text: str, budget: list[int], depth: int = 0) -> str:
         """``text`` with each placeholder in it put back, in one pass: a secret may hold an
         earlier placeholder (a query value holding a URL whose userinfo was replaced first),
         put back in turn. A placeholder no secret has (a model's invention) stays as it is
         written; so does one past ``_MAX_NESTING``, which only a payload that holds
-        placeholders' own text can reach."""
+        placeholders' own text can reach. ``budget`` holds the characters still allowed."""
         if "<redacted-" not in text or depth > _MAX_NESTING:
             return text
 
         def put_back(found: re.Match[str]) -> str:
             secret = self._secrets.get(found[0])
-            return found[0] if secret is None else self._restored_text(secret, depth + 1)
+            if secret is None:
+                return found[0]
+            budget[0] -= len(secret)
+            if budget[0] < 0:
+                raise PutBackTooLarge(found[0])
+            return self._restored_text(secret, budget, depth + 1)
 
         return _PLACEHOLDER.sub(put_back, text)
 
