@@ -184,7 +184,7 @@ PROGRESS = rpc({"method": "notifications/progress", "params": {"progress": 1}})
         (PRIMED + b"id: s1-2\r\ndata: {}\r\n\r\n", b"s1-2", len(PRIMED) + 22, 2),
         (b": ping\n\n", None, 8, 1),  # a comment shows the server is there
         (b"id: 7\n\ndata: x\n\n", b"7", 16, 2),  # an id stays the stream's until changed
-        (b"id: 7\n\nid\n\n", b"", 11, 2),  # an empty id resets it
+        (b"id: 7\n\nid\n\n", None, 11, 2),  # an empty id resets it: nothing to resume from
         (b"id: 7\n\nid: a\0b\n\n", b"7", 16, 2),  # an id holding NUL is ignored
         (b"\n\n\n", None, 3, 0),  # blank lines end no event
         (b"id: 9\r", None, 0, 0),  # a line ended, the event not
@@ -232,3 +232,22 @@ def test_a_relayed_streams_long_lines_cost_no_memory_and_a_long_id_resumes_nothi
     relayed.feed(b"id: " + b"9" * (LINE_KEPT + 1) + b"\n\n")
     assert relayed.scanner.last_event_id is None
     assert relayed.scanner.at_boundary
+
+
+@pytest.mark.parametrize(
+    ("stream", "last_event_id"),
+    [
+        (b"id: " + b"9" * (LINE_KEPT + 76) + b"\n\n", None),  # an id cut short is none
+        (b"data: " + b"x" * 2 * LINE_KEPT + b"\nid: 7\n\n", b"7"),  # the next line is whole
+        (b"id: 5\n\ndata: " + b"x" * 2 * LINE_KEPT + b"\n\nid: 6\n\n", b"6"),
+    ],
+    ids=["long id", "id after a long line", "id after a long event"],
+)
+def test_a_relayed_streams_cut_line_is_judged_wherever_the_chunks_split_it(stream, last_event_id):
+    """A line longer than ``LINE_KEPT`` split across chunks is cut, and only it: at every
+    split point an id cut short resumes nothing and the line after a cut one is read whole."""
+    for split in range(0, len(stream), 7):
+        scanner = EventScanner(keep_data=False)
+        scanner.feed(stream[:split])
+        scanner.feed(stream[split:])
+        assert scanner.last_event_id == last_event_id, split

@@ -35,13 +35,13 @@ class EventScanner:
 
     ``last_event_id`` is the id the stream's reader holds after the last event that ended
     (what an MCP client sends back as ``Last-Event-ID``: the HTML standard's last event ID,
-    set at every event's end, data or not); ``boundary`` is where in the stream that event
-    ended (the bytes before it are whole events); ``events`` counts the events that ended,
-    comments and priming events included: each shows the server is there. With
-    ``keep_data`` false the data of events is not kept (a stream only relayed), nor more
-    than ``LINE_KEPT`` bytes of a line: a relayed stream's lines cost no memory however
-    long they are, and an ``id`` longer than that leaves the stream with no id to resume
-    from. ``fed`` counts the bytes fed.
+    set at every event's end, data or not; ``None`` while it is empty); ``boundary`` is
+    where in the stream that event ended (the bytes before it are whole events); ``events``
+    counts the events that ended, comments and priming events included: each shows the
+    server is there. With ``keep_data`` false the data of events is not kept (a stream only
+    relayed), nor more than ``LINE_KEPT`` bytes of a line: a relayed stream's lines cost no
+    memory however long they are, and an ``id`` longer than that leaves the stream with no
+    id to resume from. ``fed`` counts the bytes fed.
     """
 
     __slots__ = (
@@ -94,11 +94,11 @@ class EventScanner:
         self._after_cr = False
         for end in _LINE_END.finditer(chunk, start):
             piece = chunk[start : end.start()]
-            cut, self._cut = self._cut, False
             if self._partial:
-                self._keep(piece)
+                self._keep(piece)  # may cut the line: read ``_cut`` after it
                 piece = bytes(self._partial)
                 self._partial.clear()
+            cut, self._cut = self._cut, False
             start = end.end()
             self._line(piece, events, self.fed + start, cut)
             self._after_cr = start == len(chunk) and end.group() == b"\r"
@@ -125,7 +125,8 @@ class EventScanner:
         if not line:
             if self._in_event:
                 self.events += 1
-                self.last_event_id = self._id
+                # An empty buffer is no id: a reader sends no Last-Event-ID for it.
+                self.last_event_id = self._id or None
                 self._in_event = False
             self.boundary = ends_at
             if self._data:  # an event without a data field is not dispatched
