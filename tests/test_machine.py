@@ -543,7 +543,7 @@ def test_a_retry_cut_by_time_says_which_clock_cut_it(beyond_window_s: float, rea
 
 # The phase table, as docs/architecture.md gives it: the events each phase takes.
 PHASE_TABLE = {
-    Phase.NEW: {"start"},
+    Phase.NEW: {"start", "cancelled", "agent_gone"},
     Phase.READING_COOLDOWN: {"cooldown_read", "cancelled", "agent_gone"},
     Phase.PREPARING: {"prepared", "cancelled", "agent_gone"},
     Phase.SENDING: {"answered", "hedge_due", "cancelled", "agent_gone"},
@@ -620,6 +620,17 @@ def fire(machine: RetryMachine[Handle], event: MachineEvent) -> object:
 def test_a_machine_waits_in_the_phase_its_command_put_it_in(phase: Phase) -> None:
     machine, _ = machine_in(phase)
     assert machine.phase is phase
+
+
+def test_a_request_cancelled_before_its_engine_first_ran_ends_cancelled() -> None:
+    """A task cancelled before its first step never starts the machine: its agent's cancel
+    or departure is the request's end, not the sidecar's bug."""
+    machine, _ = machine_in(Phase.NEW)
+    result = machine.cancelled()
+    assert isinstance(result, Unanswered) and result.trail == ("stop=cancelled",)
+    machine, _ = machine_in(Phase.NEW)
+    machine.agent_gone()
+    assert machine.phase is Phase.ENDED
 
 
 OUT_OF_TURN = [

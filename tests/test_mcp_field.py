@@ -682,3 +682,100 @@ async def test_a_session_its_agent_ended_is_opened_again_by_no_replica(
 
     assert answer.status == 404
     assert "initialize" not in servers.received[1]
+
+
+@dataclass
+class SessionServer:
+    """A streamable-HTTP server reduced to its sessions: ``initialize`` opens ``s-1``,
+    ``s-2``…, held while ``opening`` is clear; after ``restart`` the sessions opened before
+    it get ``404``; a ``DELETE`` is answered ``200`` whatever it names, as a server that
+    ends sessions without checking them does."""
+
+    opened: int = 0
+    forgotten_up_to: int = 0
+    opening: asyncio.Event = field(default_factory=asyncio.Event)
+    initialize_arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.opening.set()
+
+    def restart(self) -> None:
+        self.forgotten_up_to = self.opened
+
+    async def __call__(self, request: web.Request) -> web.StreamResponse:
+        if request.method == "DELETE":
+            return web.Response(status=200)
+        sent = orjson.loads(await request.read())
+        if sent.get("method") == "initialize":
+            self.initialize_arrived.set()
+            await self.opening.wait()
+            self.opened += 1
+            answer = {"jsonrpc": "2.0", "id": sent["id"], "result": {}}
+            return web.json_response(answer, headers={"Mcp-Session-Id": f"s-{self.opened}"})
+        number = int(request.headers["Mcp-Session-Id"].removeprefix("s-"))
+        if number <= self.forgotten_up_to:
+            return web.json_response({"jsonrpc": "2.0", "error": {}}, status=404)
+        if "id" not in sent:
+            return web.Response(status=202)
+        return web.json_response({"jsonrpc": "2.0", "id": sent["id"], "result": {"on": number}})
+
+
+def on_session(session: str, **extra: str) -> dict[str, str]:
+    return {**MCP_HEADERS, "Mcp-Session-Id": session, "Mcp-Protocol-Version": "2025-11-25", **extra}
+
+
+CALL = {"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "x"}}
+
+
+async def test_a_session_its_agent_ends_while_it_is_opened_again_stays_ended(
+    make_tool, make_sidecar
+):
+    """The agent's ``DELETE`` is answered while one of its requests is opening the session
+    again: the new session is not kept, so neither that request nor a straggler after the
+    ``DELETE`` goes on a session the agent ended (it would never be ended at the server)."""
+    server = SessionServer()
+    sidecar = await make_sidecar(await make_tool(server))
+    opened = await sidecar.client.post("/mcp", json=INITIALIZE, headers=MCP_HEADERS)
+    assert opened.headers["Mcp-Session-Id"] == "s-1"
+    server.restart()
+    server.opening.clear()
+    server.initialize_arrived.clear()
+    call = asyncio.create_task(sidecar.client.post("/mcp", json=CALL, headers=on_session("s-1")))
+    await server.initialize_arrived.wait()
+    ended = await sidecar.client.delete("/mcp", headers=on_session("s-1"))
+    server.opening.set()
+    lost = await call
+    straggler = await sidecar.client.post("/mcp", json=CALL, headers=on_session("s-1"))
+
+    assert ended.status == 200
+    assert (lost.status, straggler.status) == (404, 404)
+    assert server.opened == 2  # the one opened again, and left
+    # Failed: the request that opened it, and the straggler, with nothing to open it with.
+    metric = sidecar.metric
+    assert metric("sidecar_mcp_sessions_reopened_total", route="default", result="failed") == 2
+
+
+async def test_a_request_that_only_waited_for_the_session_to_open_counts_no_failure(
+    make_tool, make_sidecar
+):
+    """A request whose deadline ends while another request of its session opens it again
+    gives up, but opened nothing: the session is counted once, as opened again."""
+    server = SessionServer()
+    sidecar = await make_sidecar(await make_tool(server))
+    await sidecar.client.post("/mcp", json=INITIALIZE, headers=MCP_HEADERS)
+    server.restart()
+    server.opening.clear()
+    server.initialize_arrived.clear()
+    opener = asyncio.create_task(sidecar.client.post("/mcp", json=CALL, headers=on_session("s-1")))
+    await server.initialize_arrived.wait()
+    waiter = await sidecar.client.post(
+        "/mcp", json={**CALL, "id": 6}, headers=on_session("s-1", **{"X-Sidecar-Timeout-Ms": "300"})
+    )
+    server.opening.set()
+    reopened = await opener
+
+    assert reopened.status == 200 and (await reopened.json())["result"] == {"on": 2}
+    assert waiter.status != 200 or "error" in await waiter.json()
+    metric = sidecar.metric
+    assert metric("sidecar_mcp_sessions_reopened_total", route="default", result="reopened") == 1
+    assert metric("sidecar_mcp_sessions_reopened_total", route="default", result="failed") == 0

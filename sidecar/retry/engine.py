@@ -248,8 +248,9 @@ class _Run:
         request names the new one from now on."""
         assert self.session is not None
         per_try_s, pool = self.tuning.per_try_timeout_ms / 1000, self.engine.pool
-        # A reopening the deadline cuts counts as one that failed.
-        request, opened_here = None, True
+        # A reopening the deadline cuts counts as one that failed, if this request was
+        # opening it rather than waiting for another's.
+        request, opened_here = None, not self.sessions.opening(self.session)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(reopen.time_left_s):
                 request, opened_here = await self.sessions.reopen(

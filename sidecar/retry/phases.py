@@ -63,11 +63,12 @@ class MachineEvent(enum.Enum):
 _E = MachineEvent
 # The agent may cancel or go away whenever the engine waits on something: an attempt, a
 # wait, a repair, or a report it carries out before the verdict is counted (a cooldown
-# shared with the fleet).
+# shared with the fleet); and before the engine's task first ran, as a task cancelled
+# before its first step never starts the machine.
 _AGENT = frozenset({_E.CANCELLED, _E.AGENT_GONE})
 
 EVENTS: dict[Phase, frozenset[MachineEvent]] = {
-    Phase.NEW: frozenset({_E.START}),
+    Phase.NEW: frozenset({_E.START}) | _AGENT,
     Phase.READING_COOLDOWN: frozenset({_E.COOLDOWN_READ}) | _AGENT,
     Phase.PREPARING: frozenset({_E.PREPARED}) | _AGENT,
     Phase.SENDING: frozenset({_E.ANSWERED, _E.HEDGE_DUE}) | _AGENT,

@@ -88,6 +88,12 @@ class McpSessions:
         self._sessions: OrderedDict[str, _Session] = OrderedDict()
         # The reopening under way of each agent session, for its other requests to await.
         self._opening: dict[str, asyncio.Future[str | None]] = {}
+        # Sessions their agent ended (DELETE) while they were being opened again.
+        self._ended_while_opening: set[str] = set()
+
+    def opening(self, session: str) -> bool:
+        """Whether one of ``session``'s requests is opening it again now."""
+        return session in self._opening
 
     def upstream_of(self, session: str) -> str | None:
         """The id the server knows the agent's ``session`` by, when it is another (the
@@ -142,6 +148,7 @@ class McpSessions:
         finally:
             opening.set_result(upstream)
             del self._opening[session]
+            self._ended_while_opening.discard(session)
 
     async def _open_again(
         self, pool: Pool, failed: UpstreamRequest, session: str, limit: int, timeout_s: float
@@ -150,8 +157,8 @@ class McpSessions:
         if initialize is None:
             return None
         upstream = await _open(pool, failed, initialize, limit, timeout_s)
-        if upstream is None:
-            return None
+        if upstream is None or session in self._ended_while_opening:
+            return None  # an ended session is not brought back, here or in the fleet
         self._keep(session, _Session(initialize, upstream, 0.0))
         if self._fleet is not None:
             await self._fleet.keep_mcp_session(session, initialize, upstream, self._max_age_s)
@@ -188,6 +195,8 @@ class McpSessions:
             return None
         if method == "DELETE":
             self._sessions.pop(session, None)
+            if session in self._opening:
+                self._ended_while_opening.add(session)
             if self._fleet is not None:
                 await self._fleet.forget_mcp_session(session)
             return None
