@@ -30,11 +30,6 @@ from sidecar.tool.json_value import parse_json
 IDEMPOTENT_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
 AGENT_KEY_HEADER = "Idempotency-Key"
 
-# MCP's own requests (2025-11-25) whose second run leaves what the first left: reads, a
-# level set again, a notification heard twice. A repeated ``initialize`` opens a second
-# session and the agent goes on with the one it is answered; the first ends at the
-# server's idle timeout, as any abandoned session does. ``tools/call`` goes by its tool's
-# annotations; a method not listed here is not known to be safe, and is not replayed.
 # The header a 2025 MCP session's requests name it by.
 SESSION_HEADER = "Mcp-Session-Id"
 # Requests a client sends to learn which protocol revision the server speaks: MCP
@@ -45,6 +40,11 @@ VERSION_PROBES = frozenset({"server/discover"})
 # Requests whose answer is a stream that outlives them, as a 2025 session's ``GET`` does:
 # MCP 2026-07-28's ``subscriptions/listen`` stays open to carry change notifications.
 LONG_LIVED_METHODS = frozenset({"subscriptions/listen"})
+# MCP's own requests (2025-11-25) whose second run leaves what the first left: reads, a
+# level set again, a notification heard twice. A repeated ``initialize`` opens a second
+# session and the agent goes on with the one it is answered; the first ends at the
+# server's idle timeout, as any abandoned session does. ``tools/call`` goes by its tool's
+# annotations; a method not listed here is not known to be safe, and is not replayed.
 MCP_SAFE_METHODS = frozenset(
     {
         "initialize",
