@@ -228,6 +228,14 @@ def test_a_secret_holding_its_own_placeholder_cannot_grow_the_answer_as_a_power(
     assert redactor.restore(shown) == {"password": "<redacted-1>" * 8, "note": "x"}
 
 
+def test_a_placeholder_written_in_every_field_cannot_make_a_payload_of_secrets():
+    redactor = Redactor()
+    redactor.redact({"token": "t" * 5000})
+    assert redactor.restore({"token": "<redacted-1>", "copy": "<redacted-1>"})["copy"] == "t" * 5000
+    with pytest.raises(PutBackTooLarge):
+        redactor.restore({f"f{n}": "<redacted-1>" for n in range(10_000)})
+
+
 def test_corrections_are_checked_against_what_was_tried_size_and_schema():
     original = {"location": "A"}
     check_correction({"location": "B"}, original, set(), {"type": "object"})

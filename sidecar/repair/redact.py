@@ -59,6 +59,14 @@ class PutBackTooLarge(ValueError):
     """A restore would put back more text than the secrets could honestly fill."""
 
 
+def _spend(budget: list[int], secret: str, placeholder: str) -> None:
+    """``secret`` put back for ``placeholder``, paid from ``budget``: a model that writes a
+    placeholder in ten thousand fields must not make a payload of ten thousand secrets."""
+    budget[0] -= len(secret)
+    if budget[0] < 0:
+        raise PutBackTooLarge(placeholder)
+
+
 class Redactor:
     """Replaces secrets with placeholders for one prompt, and restores them afterwards."""
 
@@ -147,6 +155,7 @@ class Redactor:
             return [self._restored(item, budget) for item in value]
         if isinstance(value, str):
             if value in self._originals:
+                _spend(budget, self._secrets[value], value)
                 return self._originals[value]
             return self._restored_text(value, budget)
         return value
@@ -164,9 +173,7 @@ class Redactor:
             secret = self._secrets.get(found[0])
             if secret is None:
                 return found[0]
-            budget[0] -= len(secret)
-            if budget[0] < 0:
-                raise PutBackTooLarge(found[0])
+            _spend(budget, secret, found[0])
             return self._restored_text(secret, budget, depth + 1)
 
         return _PLACEHOLDER.sub(put_back, text)
