@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from sidecar.repair.adjustments import adjust
 from sidecar.repair.coercion import coerce
 from sidecar.repair.llm_answer import Refused, check, check_correction
-from sidecar.repair.llm_prompt import LlmRequest
 from sidecar.repair.redact import PutBackTooLarge, Redactor, is_secret_name
 from sidecar.repair.schemas import RouteSchema, parse_document, resolve
 from sidecar.tool.envelopes import ToolFailure
+from tests.test_llm_prompt_fuzz import request
 
 POINT = {
     "type": "object",
@@ -222,7 +222,9 @@ def test_a_secret_holding_its_own_placeholder_cannot_grow_the_answer_as_a_power(
             "corrected_payload": {"password": "<redacted-1>", "note": "<redacted-1>."},
         }
     ).decode()
-    checked = check(answer, redactor, llm_request({"password": "<redacted-1>" * 8, "note": "x"}))
+    checked = check(
+        answer, redactor, request(None, "", {"password": "<redacted-1>" * 8, "note": "x"}, None)
+    )
     assert checked.refused is not None and checked.refused.kind == "too_large"
     # The same secret put back where the agent had it is the agent's value, as sent.
     assert redactor.restore(shown) == {"password": "<redacted-1>" * 8, "note": "x"}
@@ -320,21 +322,3 @@ def test_documents_parse_from_json_or_yaml_and_refs_resolve_safely():
     assert parse_document(b"a: 1\nb: [x]") == {"a": 1, "b": ["x"]}
     assert resolve({"$ref": "#/nope"}, {}) == {}
     assert resolve({"$ref": "other.yaml#/x"}, {}) == {}
-
-
-def llm_request(payload: dict) -> LlmRequest:
-    return LlmRequest(
-        method="POST",
-        route="default",
-        path="/w",
-        path_template="/w",
-        status=400,
-        failure=None,
-        body_text="",
-        payload=payload,
-        schema=None,
-        attempt=1,
-        intent=None,
-        tried=(),
-        earlier=None,
-    )
