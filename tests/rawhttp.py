@@ -11,21 +11,31 @@ RawHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[No
 
 @asynccontextmanager
 async def raw_tool(handler: RawHandler) -> AsyncIterator[str]:
-    """A TCP server on loopback that answers whatever bytes ``handler`` writes; its URL."""
+    """A TCP server on loopback that answers whatever bytes ``handler`` writes; its URL.
+    A handler still running when the test leaves is cancelled and awaited: left pending, it
+    is destroyed after the test's loop has closed, and its ``writer.close()`` fails then."""
+    running: set[asyncio.Task[object]] = set()
 
     async def guarded(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        running.add(task)
         try:
             await handler(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()
+            running.discard(task)
 
     server = await asyncio.start_server(guarded, "127.0.0.1", 0)
     try:
         yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
     finally:
         server.close()
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
         await server.wait_closed()
 
 
