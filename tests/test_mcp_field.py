@@ -28,6 +28,7 @@ from structlog.testing import capture_logs
 
 from sidecar.serve.app import PROXY
 from tests.asgi import uvicorn_serving
+from tests.mcp_relay import answer_head, asked, relay_rest
 from tests.wire import Wire, leaf_errors, mcp_client
 
 INITIALIZE = {
@@ -273,10 +274,6 @@ class ReplayingEventStore(EventStore):
         return streams[0]
 
 
-_ASKED = ("Content-Type", "Accept", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID")
-_ANSWERED = ("Content-Type", "Mcp-Session-Id", "Cache-Control")
-
-
 @dataclass
 class CuttingTap:
     """Relays every request to the MCP server as it streams, but cuts the first stream of a
@@ -293,7 +290,7 @@ class CuttingTap:
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        headers = {name: request.headers[name] for name in _ASKED if name in request.headers}
+        headers = asked(request)
         sent = orjson.loads(body) if body else {}
         if request.method == "GET" and "Last-Event-ID" in request.headers:
             self.resumed_after.append(request.headers["Last-Event-ID"])
@@ -303,23 +300,14 @@ class CuttingTap:
         async with self.http.request(
             request.method, self.server_url + request.path_qs, data=body, headers=headers
         ) as answer:
-            relayed = web.StreamResponse(
-                status=answer.status,
-                headers={
-                    name: answer.headers[name] for name in _ANSWERED if name in answer.headers
-                },
-            )
-            await relayed.prepare(request)
+            relayed = await answer_head(request, answer)
             if cutting:
                 self.cut += 1
                 await relayed.write(await answer.content.readuntil(b"\r\n\r\n"))
                 request.transport.close()
                 self.has_cut.set()
                 return relayed
-            async for chunk in answer.content.iter_any():
-                await relayed.write(chunk)
-            await relayed.write_eof()
-            return relayed
+            return await relay_rest(relayed, answer)
 
 
 @asynccontextmanager
@@ -438,7 +426,7 @@ class Restartable:
         sent = orjson.loads(body) if body else {}
         method = sent.get("method", request.method)
         self.received[self.current].append(method)
-        headers = {name: request.headers[name] for name in _ASKED if name in request.headers}
+        headers = asked(request)
         url = self.urls[self.current] + request.path_qs
         if method == self.restart_after:
             self.restart_after = None
@@ -449,17 +437,8 @@ class Restartable:
                 if self._held >= self.hold_404s:
                     self._all_held.set()
                 await self._all_held.wait()
-            relayed = web.StreamResponse(
-                status=answer.status,
-                headers={
-                    name: answer.headers[name] for name in _ANSWERED if name in answer.headers
-                },
-            )
-            await relayed.prepare(request)
-            async for chunk in answer.content.iter_any():
-                await relayed.write(chunk)
-            await relayed.write_eof()
-            return relayed
+            relayed = await answer_head(request, answer)
+            return await relay_rest(relayed, answer)
 
 
 def echo_server(name: str) -> MCPServer:

@@ -26,11 +26,10 @@ from mcp.types import JSONRPCMessage, ToolAnnotations
 
 from tests.asgi import uvicorn_serving
 from tests.conftest import Tool, hang
+from tests.mcp_relay import answer_head, asked, relay_rest
 from tests.wire import Wire, mcp_client, orders_failing_once, own_error
 
 # What crosses between the agent and the server through the tap, besides the body.
-_ASKED = ("Content-Type", "Accept", "Mcp-Session-Id", "Mcp-Protocol-Version", "Last-Event-ID")
-_ANSWERED = ("Content-Type", "Mcp-Session-Id", "Cache-Control")
 
 
 class MemoryEventStore(EventStore):
@@ -58,7 +57,7 @@ def tap(server_url: str, session: aiohttp.ClientSession, drop_first: frozenset[s
 
     async def relay(request: web.Request) -> web.StreamResponse:
         body = await request.read()
-        headers = {name: request.headers[name] for name in _ASKED if name in request.headers}
+        headers = asked(request)
         sent = orjson.loads(body) if body else None
         tool = sent.get("params", {}).get("name") if isinstance(sent, dict) else None
         called = tool if tool is not None or not isinstance(sent, dict) else sent.get("method")
@@ -70,17 +69,8 @@ def tap(server_url: str, session: aiohttp.ClientSession, drop_first: frozenset[s
                 await answer.read()
                 request.transport.close()
                 return web.Response()
-            relayed = web.StreamResponse(
-                status=answer.status,
-                headers={
-                    name: answer.headers[name] for name in _ANSWERED if name in answer.headers
-                },
-            )
-            await relayed.prepare(request)
-            async for chunk in answer.content.iter_any():
-                await relayed.write(chunk)
-            await relayed.write_eof()
-            return relayed
+            relayed = await answer_head(request, answer)
+            return await relay_rest(relayed, answer)
 
     return relay
 
